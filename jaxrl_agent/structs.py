@@ -1,0 +1,60 @@
+"""DEVICE-side containers shared by losses, advantages, trajectory and the train step.
+
+Both are pytrees (flax.struct dataclasses), so they pass through `jax.jit` and can be
+sharded leaf by leaf. Optional fields are `None` when absent; a different set of present
+fields is a different pytree structure and so a different compilation, which is fine because
+it is fixed for a run.
+"""
+from __future__ import annotations
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class TrainBatch:
+    """A padded batch of episodes (DESIGN §3). All `[B, T]` unless noted; padding has every
+    mask 0 and `turn_id == -1`.
+
+    tokens:        int32 token ids.
+    positions:     int32 position of each token in its sequence (packing restarts them).
+    attention_mask: 1 on real tokens, 0 on padding.
+    loss_mask:     1 on policy-sampled tokens, 0 on prompt / observation / padding tokens.
+    sampler_logp:  f32 log-prob the sampler reported for each sampled token (0 elsewhere).
+    turn_id:       int32 turn index of each token, -1 on padding.
+    token_rewards: f32 scalar episode reward placed on the last policy token of the row.
+    group_id:      int32 `[B]` prompt group of each row (GRPO / RLOO groups).
+    reward:        f32 `[B]` scalar episode reward.
+    ref_logp:      optional f32 log-probs under the frozen reference policy.
+    old_logp:      optional f32 log-probs under the policy that collected the data.
+    old_values:    optional f32 critic values at collection time.
+    advantages:    optional f32 precomputed advantages (a loss computes its own if None).
+    """
+
+    tokens: jax.Array
+    positions: jax.Array
+    attention_mask: jax.Array
+    loss_mask: jax.Array
+    sampler_logp: jax.Array
+    turn_id: jax.Array
+    token_rewards: jax.Array
+    group_id: jax.Array
+    reward: jax.Array
+    ref_logp: jax.Array | None = None
+    old_logp: jax.Array | None = None
+    old_values: jax.Array | None = None
+    advantages: jax.Array | None = None
+
+
+@struct.dataclass
+class PolicyOutputs:
+    """What the train step computes once per forward pass and hands to a loss.
+
+    logp:    f32 `[B, T]` log-prob of `tokens[:, t]` under the current policy.
+    entropy: f32 `[B, T]` entropy of the policy distribution that predicted `tokens[:, t]`.
+    values:  optional f32 `[B, T]` critic values (None without a value head).
+    """
+
+    logp: jax.Array
+    entropy: jax.Array
+    values: jax.Array | None = None
