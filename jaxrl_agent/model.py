@@ -1,0 +1,434 @@
+"""DEVICE: the Flax NNX decoder policy for the Llama-3 / Qwen2 / Qwen3 family.
+
+One module covers the three families (DESIGN §5): RMSNorm, RoPE (plain or Llama-3 scaled),
+grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v biases (Qwen2),
+optional per-head q/k RMSNorm (Qwen3), and an optional scalar value head (critic).
+
+Layer weights are stacked along a leading `layers` axis and applied with `lax.scan`, so
+compile time does not grow with depth. Every parameter carries logical axis names (`vocab`,
+`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) as NNX `out_sharding` metadata;
+only `sharding.py` maps them to mesh axes.
+
+Numerics follow `transformers`: norms, softmax and logits in float32, everything else in the
+parameter dtype. The per-token log-prob / entropy path (`token_logprobs_and_entropy`) is
+chunked so no `[B, T, V]` float32 log-softmax exists; the sampler and the trainer share
+`logp_and_entropy_from_logits` for the final step, so their log-probs agree.
+
+Dims: B batch, T tokens, S cache slots, D model, H heads, K kv heads, Dh head dim, F MLP, V vocab.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_agent import kv_cache
+from jaxrl_agent.kv_cache import KVCache
+from jaxrl_agent.structs import PolicyOutputs
+
+_MASKED = -1e30  # finite, so a query with no visible key gets a uniform (not NaN) softmax
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder; `hf.py` maps HF `config.json` files to and from it."""
+
+    vocab_size: int
+    """V, rows of the embedding table."""
+    hidden_size: int
+    """D, the residual stream width."""
+    intermediate_size: int
+    """F, the SwiGLU hidden width."""
+    num_layers: int
+    """L, number of decoder blocks."""
+    num_heads: int
+    """H, query heads."""
+    num_kv_heads: int
+    """K, key/value heads (H % K == 0; K == H is plain multi-head attention)."""
+    head_dim: int
+    """Dh, per-head width (Qwen3 decouples it from D / H)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    rope_type: str = "default"
+    """"default" or "llama3" (Llama-3.1 frequency scaling with the `rope_*` fields below)."""
+    rope_factor: float = 8.0
+    """llama3 rope scaling: overall factor."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 rope scaling: low-frequency factor."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 rope scaling: high-frequency factor."""
+    rope_original_max_position: int = 8192
+    """llama3 rope scaling: context length of the unscaled model."""
+    rms_norm_eps: float = 1e-6
+    """Epsilon inside every RMSNorm."""
+    tie_word_embeddings: bool = False
+    """Unembedding reuses the input embedding table."""
+    qkv_bias: bool = False
+    """Biases on the q/k/v projections (Qwen2; Llama with attention_bias)."""
+    o_bias: bool = False
+    """Bias on the attention output projection (Llama / Qwen3 with attention_bias)."""
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys before RoPE (Qwen3)."""
+    value_head: bool = False
+    """Add a scalar value head (critic) on the final hidden states."""
+    remat: bool = False
+    """Rematerialise each block in the backward pass (saves activation memory)."""
+    architecture: str = "LlamaForCausalLM"
+    """HF architecture name written back by `hf.save_pretrained`."""
+    max_position_embeddings: int = 32768
+    """Context length recorded in the exported config (not enforced)."""
+    bos_token_id: int | None = None
+    """Recorded in the exported config."""
+    eos_token_id: int | tuple[int, ...] | None = None
+    """Recorded in the exported config (generation stops on these)."""
+
+
+# ---- pure helpers --------------------------------------------------------------------------
+
+
+def _lead(w: jax.Array, ndim: int) -> jax.Array:
+    """Prepend unit axes so `w` broadcasts explicitly (the tests forbid rank promotion)."""
+    return w.reshape((1,) * (ndim - w.ndim) + w.shape)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, statistics in float32, as `transformers` does.
+
+    Args: x `[..., N]`, weight `[N]`. Returns `[..., N]` in x's dtype.
+    """
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return _lead(weight, x.ndim) * x32.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """Inverse RoPE frequencies `[Dh / 2]` float32 (Llama-3 scaled when rope_type == llama3)."""
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+    if cfg.rope_type == "default":
+        return inv
+    if cfg.rope_type != "llama3":
+        raise ValueError(f"unsupported rope_type {cfg.rope_type!r} (supported: default, llama3)")
+    # Llama-3.1: long wavelengths are slowed by `factor`, short ones kept, a smooth blend between.
+    low_wl = cfg.rope_original_max_position / cfg.rope_low_freq_factor
+    high_wl = cfg.rope_original_max_position / cfg.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wl, inv / cfg.rope_factor, inv)
+    smooth = (cfg.rope_original_max_position / wavelen - cfg.rope_low_freq_factor) / (
+        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return jnp.where(medium, blended, scaled)
+
+
+def rope_tables(inv_freq: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos, sin `[B, T, Dh]` float32 for int positions `[B, T]` (half-split layout of HF)."""
+    freqs = positions.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate `[B, T, N, Dh]` by cos/sin `[B, T, Dh]` (rotate_half convention, x's dtype)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query softmax attention.
+
+    Args:
+      q: `[B, T, H, Dh]`; k, v: `[B, S, K, Dh]` with H % K == 0.
+      mask: bool `[B, T, S]`, True where query t may attend to key s.
+    Returns:
+      `[B, T, H, Dh]` in v's dtype. Scores and softmax in float32.
+    """
+    b, t, h, dh = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, h // kv, dh)  # query head h uses kv head h // (H / K), as HF
+    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
+    s = jnp.where(mask[:, None, None, :, :], s, _MASKED)
+    w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", w, v).reshape(b, t, h, dh)
+
+
+def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Log-prob of `targets` and entropy of softmax(logits), in float32.
+
+    Args: logits `[..., V]`, targets int `[...]`. Returns (logp `[...]`, entropy `[...]`).
+    The one numerics path shared by the sampler (per decode step) and the trainer (per chunk).
+    """
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    probs = jnp.exp(logits - lse[..., None])
+    entropy = lse - jnp.sum(probs * logits, axis=-1)
+    return picked - lse, entropy
+
+
+def token_logprobs_and_entropy(
+    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 512
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs and entropies without a `[B, T, V]` float32 log-softmax.
+
+    `logp[:, t] = log p(tokens[:, t] | tokens[:, :t])` is read from the logits of position
+    t - 1, so `logp[:, 0] = 0`; `entropy[:, t]` is the entropy of that same distribution
+    (`entropy[:, 0] = 0`). The B*T positions are processed in chunks of `chunk_size` with
+    `lax.map`; each chunk is `jax.checkpoint`ed so the backward pass recomputes its
+    `[chunk, V]` logits instead of storing them. Peak memory is O(chunk_size * V).
+
+    Args:
+      hidden: `[B, T, D]` final (normed) hidden states, `CausalLM.hidden_states`.
+      unembedding: `[V, D]` output embedding, `CausalLM.unembedding()`.
+      tokens: int32 `[B, T]`.
+      chunk_size: positions per chunk (static).
+    Returns:
+      (logp, entropy), both float32 `[B, T]`.
+    """
+    if hidden.ndim != 3 or tokens.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden {hidden.shape} must be [B, T, D] with tokens {tokens.shape} == [B, T]")
+    if unembedding.ndim != 2 or unembedding.shape[1] != hidden.shape[2]:
+        raise ValueError(f"unembedding {unembedding.shape} must be [V, D={hidden.shape[2]}]")
+    b, t, d = hidden.shape
+    n = b * t
+    c = max(1, min(chunk_size, n))
+    num_chunks = -(-n // c)
+    # targets[:, t] is the token that position t predicts; the last position predicts nothing.
+    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1).reshape(n)
+    h = jnp.pad(hidden.reshape(n, d), ((0, num_chunks * c - n), (0, 0))).reshape(num_chunks, c, d)
+    y = jnp.pad(targets, (0, num_chunks * c - n)).reshape(num_chunks, c)
+
+    @jax.checkpoint
+    def chunk(h_c, y_c):
+        logits = jnp.einsum("cd,vd->cv", h_c, unembedding, preferred_element_type=jnp.float32)
+        return logp_and_entropy_from_logits(logits, y_c)
+
+    lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))
+    lp, ent = lp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
+    zero = jnp.zeros((b, 1), jnp.float32)
+    return jnp.concatenate([zero, lp[:, :-1]], 1), jnp.concatenate([zero, ent[:, :-1]], 1)
+
+
+# ---- the module ----------------------------------------------------------------------------
+
+# name -> (shape builder, logical axes, init kind); layer weights get a leading `layers` axis.
+def _param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...], str]]:
+    d, f, h, k, dh, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
+    specs = {
+        "embed": ((cfg.vocab_size, d), ("vocab", "embed"), "normal"),
+        "final_norm": ((d,), ("embed",), "ones"),
+        "attn_norm": ((L, d), ("layers", "embed"), "ones"),
+        "wq": ((L, d, h, dh), ("layers", "embed", "heads", "head_dim"), "normal"),
+        "wk": ((L, d, k, dh), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+        "wv": ((L, d, k, dh), ("layers", "embed", "kv_heads", "head_dim"), "normal"),
+        "wo": ((L, h, dh, d), ("layers", "heads", "head_dim", "embed"), "normal"),
+        "mlp_norm": ((L, d), ("layers", "embed"), "ones"),
+        "w_gate": ((L, d, f), ("layers", "embed", "mlp"), "normal"),
+        "w_up": ((L, d, f), ("layers", "embed", "mlp"), "normal"),
+        "w_down": ((L, f, d), ("layers", "mlp", "embed"), "normal"),
+    }
+    if not cfg.tie_word_embeddings:
+        specs["lm_head"] = ((cfg.vocab_size, d), ("vocab", "embed"), "normal")
+    if cfg.qkv_bias:
+        specs["bq"] = ((L, h, dh), ("layers", "heads", "head_dim"), "zeros")
+        specs["bk"] = ((L, k, dh), ("layers", "kv_heads", "head_dim"), "zeros")
+        specs["bv"] = ((L, k, dh), ("layers", "kv_heads", "head_dim"), "zeros")
+    if cfg.o_bias:
+        specs["bo"] = ((L, d), ("layers", "embed"), "zeros")
+    if cfg.qk_norm:
+        specs["q_norm"] = ((L, dh), ("layers", "head_dim"), "ones")
+        specs["k_norm"] = ((L, dh), ("layers", "head_dim"), "ones")
+    if cfg.value_head:
+        specs["value_w"] = ((d,), ("embed",), "zeros")  # zero init: the critic starts at V = 0
+        specs["value_b"] = ((), (), "zeros")
+    return specs
+
+
+_GLOBAL = ("embed", "final_norm", "lm_head", "value_w", "value_b")  # not stacked over layers
+
+
+class CausalLM(nnx.Module):
+    """Decoder-only LM policy; parameters are `nnx.Param`s named as in `_param_specs`."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, init_std: float = 0.02):
+        """Random init (normal(init_std) matrices, unit norms, zero biases) in `dtype`."""
+        if config.num_heads % config.num_kv_heads:
+            raise ValueError(f"num_heads={config.num_heads} is not a multiple of num_kv_heads={config.num_kv_heads}")
+        self.config = config
+        for name, (shape, axes, kind) in _param_specs(config).items():
+            if kind == "normal":
+                value = init_std * jax.random.normal(rngs.params(), shape, jnp.float32)
+            else:
+                value = jnp.ones(shape, jnp.float32) if kind == "ones" else jnp.zeros(shape, jnp.float32)
+            setattr(self, name, nnx.Param(value.astype(dtype), out_sharding=axes, eager_sharding=False))
+
+    # ---- pieces shared by the full and the cached path ----
+
+    def _get(self, name: str) -> jax.Array | None:
+        p = getattr(self, name, None)
+        return None if p is None else p[...]
+
+    def _layer_params(self) -> dict[str, jax.Array]:
+        names = [n for n in _param_specs(self.config) if n not in _GLOBAL]
+        return {n: self._get(n) for n in names}
+
+    def _qkv(self, p, x, cos, sin):
+        cfg = self.config
+        h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+        q = jnp.einsum("btd,dhk->bthk", h, p["wq"])
+        k = jnp.einsum("btd,dhk->bthk", h, p["wk"])
+        v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
+        if cfg.qkv_bias:
+            q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
+        if cfg.qk_norm:
+            q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _finish_block(self, p, x, attn):
+        cfg = self.config
+        out = jnp.einsum("bthk,hkd->btd", attn, p["wo"])
+        x = x + (out + _lead(p["bo"], 3) if cfg.o_bias else out)
+        h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+        gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, p["w_gate"]))
+        up = jnp.einsum("btd,df->btf", h, p["w_up"])
+        return x + jnp.einsum("btf,fd->btd", gate * up, p["w_down"])
+
+    def _scan(self, body, carry, xs):
+        if self.config.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        return jax.lax.scan(body, carry, xs)[0]
+
+    # ---- full forward (training, scoring) ----
+
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """Final normed hidden states `[B, T, D]` (param dtype) of a padded batch, no cache.
+
+        Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]`, 1 on real tokens.
+        Query t attends to keys j <= t (by index) with attention_mask 1, so left, right and
+        in-between padding all work; outputs at padded positions are finite garbage.
+        """
+        if tokens.ndim != 2 or positions.shape != tokens.shape or attention_mask.shape != tokens.shape:
+            raise ValueError(
+                f"tokens {tokens.shape}, positions {positions.shape}, attention_mask "
+                f"{attention_mask.shape} must all be [B, T]"
+            )
+        t = tokens.shape[1]
+        x = self._get("embed")[tokens]  # [B, T, D]
+        cos, sin = rope_tables(rope_inv_freq(self.config), positions)
+        idx = jnp.arange(t)
+        mask = (idx[None, None, :] <= idx[None, :, None]) & (attention_mask[:, None, :] > 0)  # [B, T, T]
+
+        def body(x, p):
+            q, k, v = self._qkv(p, x, cos, sin)
+            return self._finish_block(p, x, attention(q, k, v, mask)), None
+
+        x = self._scan(body, x, self._layer_params())
+        return rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
+
+    def unembedding(self) -> jax.Array:
+        """The output embedding `[V, D]` (the input table when embeddings are tied)."""
+        return self._get("embed") if self.config.tie_word_embeddings else self._get("lm_head")
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """`[..., D]` hidden states -> `[..., V]` float32 logits."""
+        return jnp.einsum("...d,vd->...v", hidden, self.unembedding(), preferred_element_type=jnp.float32)
+
+    def values_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Value head: `[B, T, D]` -> float32 `[B, T]`, `values[:, t]` read at position t."""
+        if not self.config.value_head:
+            raise ValueError("this model has no value head (ModelConfig.value_head=False)")
+        w = self._get("value_w").astype(jnp.float32)
+        return jnp.einsum("btd,d->bt", hidden.astype(jnp.float32), w) + self._get("value_b").astype(jnp.float32)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """Full-sequence logits: int32 `[B, T]` inputs -> float32 `[B, T, V]` (DESIGN §11)."""
+        return self.logits_from_hidden(self.hidden_states(tokens, positions, attention_mask))
+
+    # ---- cached path (sampling) ----
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+        """An empty `KVCache` with S = max_len slots per row (dtype defaults to the params')."""
+        cfg = self.config
+        dtype = dtype or self._get("embed").dtype
+        return kv_cache.init_cache(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+    def extend(self, tokens: jax.Array, cache: KVCache, valid: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """Append a right-padded chunk to every row of the cache.
+
+        Args:
+          tokens: int32 `[B, T]`; row b's tokens go to slots `cache.lengths[b] + t` and get
+            those slots as positions.
+          cache: the current `KVCache`.
+          valid: `[B, T]` 1 on real tokens, which must come first in each row (right padding);
+            None means all valid. Rows with no valid token are left unchanged.
+        Returns:
+          (hidden `[B, T, D]` final normed states, the new cache with lengths advanced by the
+          number of valid tokens per row).
+        """
+        b, t = tokens.shape
+        if valid is None:
+            valid = jnp.ones((b, t), jnp.int32)
+        slots = kv_cache.append_slots(cache.lengths, t)  # [B, T]
+        cos, sin = rope_tables(rope_inv_freq(self.config), slots)
+        mask = kv_cache.cached_attention_mask(slots, cache.capacity)  # [B, T, S]
+        layers = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+
+        def body(carry, xs):
+            x, ks, vs = carry
+            p, layer = xs
+            q, k, v = self._qkv(p, x, cos, sin)
+            ks = kv_cache.write_layer(ks, layer, slots, k)
+            vs = kv_cache.write_layer(vs, layer, slots, v)
+            return (self._finish_block(p, x, attention(q, ks[layer], vs[layer], mask)), ks, vs), None
+
+        x, ks, vs = self._scan(body, (self._get("embed")[tokens], cache.k, cache.v), (self._layer_params(), layers))
+        hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
+        lengths = cache.lengths + jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
+        return hidden, KVCache(k=ks, v=vs, lengths=lengths)
+
+    def prefill(self, tokens: jax.Array, cache: KVCache, valid: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """`extend`, returning float32 logits `[B, V]` at each row's last valid token.
+
+        This is how a prompt or a tool observation enters the cache; the logits predict the
+        first token to sample. Rows with no valid token return the logits of chunk position 0.
+        """
+        hidden, cache = self.extend(tokens, cache, valid)
+        n = tokens.shape[1] if valid is None else jnp.sum(valid > 0, axis=1)
+        last = jnp.clip(n - 1, 0, tokens.shape[1] - 1)
+        h_last = jnp.take_along_axis(hidden, jnp.reshape(last, (-1, 1, 1)).astype(jnp.int32), axis=1)[:, 0]
+        return self.logits_from_hidden(h_last), cache
+
+    def decode_step(self, token: jax.Array, cache: KVCache, active: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+        """One decoding step: int32 `[B]` tokens -> (float32 logits `[B, V]`, new cache).
+
+        `active` `[B]` (1 = append) lets finished rows stand still inside a `while_loop`.
+        """
+        valid = None if active is None else active[:, None]
+        hidden, cache = self.extend(token[:, None], cache, valid)
+        return self.logits_from_hidden(hidden[:, 0]), cache
+
+
+def policy_outputs(
+    model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 512
+) -> PolicyOutputs:
+    """Everything a loss needs from one forward pass of `model` over a padded batch.
+
+    Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]` (1 on real tokens).
+    Returns:
+      `PolicyOutputs(logp, entropy, values)`, float32 `[B, T]` each, aligned with `tokens`:
+      `logp[:, t]` / `entropy[:, t]` as in `token_logprobs_and_entropy` (0 at t = 0), and
+      `values[:, t]` = V(tokens[:, :t]), the critic's value of the state in which `tokens[:, t]`
+      was chosen (read from position t - 1; 0 at t = 0). `values` is None without a value head.
+    """
+    hidden = model.hidden_states(tokens, positions, attention_mask)
+    logp, entropy = token_logprobs_and_entropy(hidden, model.unembedding(), tokens, chunk_size=chunk_size)
+    values = None
+    if model.config.value_head:
+        v = model.values_from_hidden(hidden)
+        values = jnp.concatenate([jnp.zeros((v.shape[0], 1), jnp.float32), v[:, :-1]], axis=1)
+    return PolicyOutputs(logp=logp, entropy=entropy, values=values)
