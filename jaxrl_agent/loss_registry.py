@@ -1,0 +1,209 @@
+"""DEVICE: the algorithms as swappable `LossFn`s, and the `LOSSES` registry.
+
+    LossFn = Callable[[PolicyOutputs, TrainBatch, LossConfig], tuple[jax.Array, dict]]
+
+Each entry composes kernels from losses.py and advantages.py. Advantages come from
+`batch.advantages` when the caller precomputed them; otherwise the loss derives them from the
+batch (group advantages from `reward` / `group_id`, GAE from `token_rewards` / `old_values`),
+always under `stop_gradient`. `old_logp` falls back to `sampler_logp` (fully on-policy data).
+
+`ALGORITHM_DEFAULTS` holds the LossConfig each algorithm is usually run with; passing another
+config (or another function) is how a user swaps things.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_agent import advantages as adv_lib
+from jaxrl_agent import losses as L
+from jaxrl_agent.config import LossConfig
+from jaxrl_agent.structs import PolicyOutputs, TrainBatch
+
+LossFn = Callable[[PolicyOutputs, TrainBatch, LossConfig], tuple[jax.Array, dict]]
+
+sg = jax.lax.stop_gradient
+
+
+# ---- shared pieces ----
+def _old_logp(batch: TrainBatch) -> jax.Array:
+    return batch.sampler_logp if batch.old_logp is None else batch.old_logp
+
+
+def _is_weights(batch: TrainBatch, cfg: LossConfig) -> jax.Array | None:
+    """Truncated IS: min(pi_old / pi_sampler, cap) corrects sampler/trainer mismatch."""
+    if cfg.tis_cap is None or batch.old_logp is None:
+        return None
+    return sg(jnp.minimum(jnp.exp(jnp.clip(batch.old_logp - batch.sampler_logp, -20.0, 20.0)), cfg.tis_cap))
+
+
+def _group_advantages(batch: TrainBatch, kind: str, cfg: LossConfig) -> jax.Array:
+    if batch.advantages is not None:
+        return sg(batch.advantages)
+    if kind == "grpo":
+        a = adv_lib.grpo(batch.reward, batch.group_id, norm_by_std=cfg.norm_by_std)
+    elif kind == "rloo":
+        a = adv_lib.rloo(batch.reward, batch.group_id)
+    else:
+        raise ValueError(f"unknown group advantage {kind!r}")
+    return sg(adv_lib.broadcast(a, batch.loss_mask))
+
+
+def _regularisers(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig, agg: str) -> tuple[jax.Array, dict]:
+    """KL-to-reference loss term and entropy bonus shared by the policy-gradient losses."""
+    extra, metrics = jnp.zeros((), out.logp.dtype), {}
+    if batch.ref_logp is not None:
+        kl = L.aggregate(L.kl_penalty(out.logp, batch.ref_logp, cfg.kl_kind), batch.loss_mask, agg)
+        metrics["kl"] = kl
+        if cfg.kl_coef:
+            extra = extra + cfg.kl_coef * kl
+    ent = L.entropy_bonus(out.entropy, batch.loss_mask, agg)
+    metrics["entropy"] = ent
+    if cfg.entropy_coef:
+        extra = extra - cfg.entropy_coef * ent
+    return extra, metrics
+
+
+def _finish(pg: jax.Array, pg_metrics: dict, out, batch, cfg, agg, adv) -> tuple[jax.Array, dict]:
+    extra, reg_metrics = _regularisers(out, batch, cfg, agg)
+    loss = pg + extra
+    metrics = {**pg_metrics, **reg_metrics, "loss": loss, "adv_mean": L.masked_mean(adv, batch.loss_mask)}
+    return loss, metrics
+
+
+def _clip_loss(out, batch, cfg, adv, agg):
+    return L.ppo_policy_loss(out.logp, _old_logp(batch), adv, batch.loss_mask, clip_low=cfg.clip_low,
+                             clip_high=cfg.clip_high, dual_clip=cfg.dual_clip, agg=agg,
+                             is_weights=_is_weights(batch, cfg))
+
+
+# ---- the algorithms ----
+def ppo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """PPO: GAE advantages from token rewards and the critic's old values (values 0 without
+    a critic), optional whitening, clipped surrogate, KL term, entropy, clipped value loss."""
+    if batch.advantages is not None:
+        adv, returns = sg(batch.advantages), None
+    else:
+        old_v = jnp.zeros_like(out.logp) if batch.old_values is None else batch.old_values
+        adv, returns = adv_lib.gae(batch.token_rewards, old_v, batch.loss_mask, gamma=cfg.gamma, lam=cfg.lam)
+        if cfg.whiten_advantages:
+            adv = adv_lib.whiten(adv, batch.loss_mask)
+        adv, returns = sg(adv), sg(returns)
+    pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
+    loss, metrics = _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
+    if out.values is not None and batch.old_values is not None and returns is not None:
+        vl, vm = L.value_loss(out.values, batch.old_values, returns, batch.loss_mask,
+                              cliprange_value=cfg.cliprange_value, agg="token-mean")
+        loss = loss + cfg.vf_coef * vl
+        metrics = {**metrics, **vm, "loss": loss}
+    return loss, metrics
+
+
+def grpo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """GRPO: group-normalised outcome advantage on every policy token, PPO clip, KL to the
+    reference as a loss term (estimator `cfg.kl_kind`, weight `cfg.kl_coef`)."""
+    adv = _group_advantages(batch, "grpo", cfg)
+    pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
+    return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
+
+
+def dr_grpo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """Dr.GRPO: GRPO without the std normalisation and with the constant-horizon aggregation."""
+    return grpo_loss(out, batch, replace(cfg, norm_by_std=False, agg="seq-mean-token-sum-norm"))
+
+
+def dapo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """DAPO: group advantages, clip-higher (`cfg.clip_high`, 0.28 in its defaults), token-mean
+    aggregation and no KL term. Dynamic sampling (dropping zero-variance groups) is done by
+    the rollout, before the batch exists."""
+    return grpo_loss(out, batch, replace(cfg, agg="token-mean", kl_coef=0.0))
+
+
+def gspo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """GSPO: group advantages with the sequence-level clipped ratio."""
+    adv = _group_advantages(batch, "grpo", cfg)
+    pg, metrics = L.gspo_policy_loss(out.logp, _old_logp(batch), adv, batch.loss_mask,
+                                     clip_low=cfg.gspo_clip_low, clip_high=cfg.gspo_clip_high, agg=cfg.agg)
+    return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
+
+
+def cispo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """CISPO: group advantages with clipped stop-gradient IS weights on every token."""
+    adv = _group_advantages(batch, "grpo", cfg)
+    pg, metrics = L.cispo_policy_loss(out.logp, _old_logp(batch), adv, batch.loss_mask,
+                                      clip_high=cfg.cispo_clip_high, clip_low=cfg.cispo_clip_low, agg=cfg.agg)
+    return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
+
+
+def rloo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """RLOO: leave-one-out group baseline, PPO clip."""
+    adv = _group_advantages(batch, "rloo", cfg)
+    pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
+    return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
+
+
+def reinforce_pp_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """REINFORCE++: the KL to the reference goes into the token rewards (k-estimator of the
+    behaviour policy, stop-gradient), then whitened discounted returns, PPO clip."""
+    if batch.advantages is not None:
+        adv = sg(batch.advantages)
+    else:
+        rewards = batch.token_rewards
+        if batch.ref_logp is not None and cfg.kl_coef:
+            kl = L.kl_penalty(_old_logp(batch), batch.ref_logp, cfg.kl_kind)
+            rewards = rewards - cfg.kl_coef * kl * batch.loss_mask.astype(rewards.dtype)
+        adv = sg(adv_lib.reinforce_pp(rewards, batch.loss_mask, gamma=cfg.gamma))
+    pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
+    # KL already in the reward: only the entropy regulariser is added here.
+    return _finish(pg, metrics, out, batch, replace(cfg, kl_coef=0.0), cfg.agg, adv)
+
+
+def sft_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """SFT: masked NLL on the assistant (loss_mask == 1) tokens."""
+    loss = L.sft_loss(out.logp, batch.loss_mask, cfg.agg)
+    return loss, {"loss": loss, "nll": loss, "entropy": L.entropy_bonus(out.entropy, batch.loss_mask, cfg.agg)}
+
+
+def dpo_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """DPO on a batch of pairs: rows 2i (chosen) and 2i+1 (rejected) share a prompt; needs
+    `ref_logp`. Sequence log-probs sum over loss_mask == 1 tokens."""
+    if batch.ref_logp is None:
+        raise ValueError("dpo needs batch.ref_logp (reference-policy log-probs)")
+    B = out.logp.shape[0]
+    if B % 2:
+        raise ValueError(f"dpo needs an even batch of (chosen, rejected) rows, got B={B}")
+    seq = L.sequence_logp(out.logp, batch.loss_mask)
+    ref = L.sequence_logp(batch.ref_logp, batch.loss_mask)
+    loss, metrics = L.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=cfg.dpo_beta,
+                               kind=cfg.dpo_kind, label_smoothing=cfg.dpo_label_smoothing)
+    return loss, {**metrics, "loss": loss}
+
+
+LOSSES: dict[str, LossFn] = {
+    "ppo": ppo_loss,
+    "grpo": grpo_loss,
+    "dr_grpo": dr_grpo_loss,
+    "dapo": dapo_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+    "rloo": rloo_loss,
+    "reinforce_pp": reinforce_pp_loss,
+    "sft": sft_loss_fn,
+    "dpo": dpo_loss_fn,
+}
+
+ALGORITHM_DEFAULTS: dict[str, LossConfig] = {
+    "ppo": LossConfig(agg="token-mean", kl_coef=0.0, gamma=1.0, lam=0.95),
+    "grpo": LossConfig(agg="seq-mean-token-mean", kl_coef=0.001, kl_kind="k3"),
+    "dr_grpo": LossConfig(agg="seq-mean-token-sum-norm", norm_by_std=False, kl_coef=0.0),
+    "dapo": LossConfig(agg="token-mean", clip_low=0.2, clip_high=0.28, kl_coef=0.0),
+    "gspo": LossConfig(agg="seq-mean-token-mean", kl_coef=0.0),
+    "cispo": LossConfig(agg="token-mean", kl_coef=0.0),
+    "rloo": LossConfig(agg="token-mean", kl_coef=0.0),
+    "reinforce_pp": LossConfig(agg="token-mean", kl_coef=0.001, kl_kind="k1", gamma=1.0),
+    "sft": LossConfig(agg="token-mean"),
+    "dpo": LossConfig(dpo_beta=0.1, dpo_kind="sigmoid"),
+}
