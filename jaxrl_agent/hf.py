@@ -253,12 +253,11 @@ def load_pretrained(path: str, dtype=jnp.float32, *, value_head: bool = False) -
 
     # Build the module without spending time on random init, then fill every parameter.
     model = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0), dtype=dtype))
-    for name, var in nnx.state(model, nnx.Param).flat_state():
-        key = name[0]
-        value = params.get(key)
+    for (name,), var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = params.get(name)
         if value is None:  # only the value head may be absent from the files
             value = np.zeros(var.shape, np.float32)
-        var.set_value(jnp.asarray(value, dtype=dtype))
+        getattr(model, name).set_value(jnp.asarray(value, dtype=dtype))
     return model, config
 
 

@@ -1,0 +1,243 @@
+"""Tests for model.py / kv_cache.py: forward, padding, KV cache, chunked log-probs, metadata."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agent import kv_cache
+from jaxrl_agent.model import (
+    CausalLM,
+    ModelConfig,
+    logp_and_entropy_from_logits,
+    policy_outputs,
+    token_logprobs_and_entropy,
+)
+
+CFG = ModelConfig(
+    vocab_size=131, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+    head_dim=8, rope_theta=1000.0, qkv_bias=True, o_bias=True, qk_norm=True, value_head=True,
+)
+B, T = 3, 12
+
+
+def _params(model):
+    return list(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
+def _perturbed(cfg, seed=0, dtype=jnp.float32):
+    """A model whose norms/biases are not at their trivial init, so every parameter matters."""
+    model = CausalLM(cfg, rngs=nnx.Rngs(seed), dtype=dtype)
+    key = jax.random.key(seed + 100)
+    for i, ((name,), var) in enumerate(_params(model)):
+        noise = 0.1 * jax.random.normal(jax.random.fold_in(key, i), var.shape)
+        getattr(model, name).set_value((var[...].astype(jnp.float32) + noise).astype(dtype))
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _perturbed(CFG)
+
+
+@pytest.fixture(scope="module")
+def fns(model):
+    """Jitted pure functions over the split model, compiled once for the module."""
+    graphdef, state = nnx.split(model)
+    fwd = jax.jit(lambda s, tok, pos, am: nnx.merge(graphdef, s)(tok, pos, am))
+    outs = jax.jit(lambda s, tok, pos, am: policy_outputs(nnx.merge(graphdef, s), tok, pos, am, chunk_size=5))
+    prefill = jax.jit(lambda s, tok, c, valid: nnx.merge(graphdef, s).prefill(tok, c, valid))
+    decode = jax.jit(lambda s, tok, c, active: nnx.merge(graphdef, s).decode_step(tok, c, active))
+    return dict(state=state, fwd=fwd, outs=outs, prefill=prefill, decode=decode)
+
+
+def _batch(seed=0, b=B, t=T):
+    tokens = jax.random.randint(jax.random.key(seed), (b, t), 0, CFG.vocab_size, jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return tokens, positions, jnp.ones((b, t), jnp.int32)
+
+
+def test_forward_shapes_and_dtype(fns):
+    logits = fns["fwd"](fns["state"], *_batch())
+    assert logits.shape == (B, T, CFG.vocab_size) and logits.dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_causality_and_padding(fns):
+    """Future tokens do not change past logits; a left-padded row with explicit positions and
+    a right-padded row give the unpadded row's logits on their real tokens."""
+    tokens, positions, mask = _batch(1, b=1, t=8)
+    ref = fns["fwd"](fns["state"], tokens, positions, mask)[0]
+    changed = tokens.at[0, 6].set((tokens[0, 6] + 1) % CFG.vocab_size)
+    out = fns["fwd"](fns["state"], changed, positions, mask)[0]
+    np.testing.assert_array_equal(np.asarray(out[:6]), np.asarray(ref[:6]))
+    assert float(jnp.abs(out[6] - ref[6]).max()) > 1e-3
+
+    pad = 4
+    left_tok = jnp.concatenate([jnp.full((1, pad), 7, jnp.int32), tokens], 1)
+    left_pos = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), positions], 1)
+    left_mask = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), mask], 1)
+    right_tok = jnp.concatenate([tokens, jnp.full((1, pad), 9, jnp.int32)], 1)
+    right_pos = jnp.concatenate([positions, jnp.arange(8, 8 + pad, dtype=jnp.int32)[None]], 1)
+    right_mask = jnp.concatenate([mask, jnp.zeros((1, pad), jnp.int32)], 1)
+    both = fns["fwd"](
+        fns["state"], jnp.concatenate([left_tok, right_tok]), jnp.concatenate([left_pos, right_pos]),
+        jnp.concatenate([left_mask, right_mask]),
+    )
+    assert bool(jnp.all(jnp.isfinite(both)))  # fully masked (padded) queries stay finite
+    np.testing.assert_allclose(both[0, pad:], ref, atol=1e-5)
+    np.testing.assert_allclose(both[1, :8], ref, atol=1e-5)
+
+
+def test_cached_decode_matches_full_forward(fns):
+    """Prefill rows of different lengths, decode step by step, prefill a second (observation)
+    chunk, decode again: every cached logit equals the full forward's at that position."""
+    s_total = 24
+    tokens, positions, mask = _batch(2, t=s_total)
+    full = np.asarray(fns["fwd"](fns["state"], tokens, positions, mask))
+    rows = np.arange(B)
+    cache = kv_cache.init_cache(CFG.num_layers, B, 32, CFG.num_kv_heads, CFG.head_dim)
+
+    def prefill_chunk(cache, lens, width):
+        start = np.asarray(cache.lengths)
+        chunk = np.zeros((B, width), np.int32)
+        valid = (np.arange(width)[None, :] < np.asarray(lens)[:, None]).astype(np.int32)
+        for b in range(B):
+            chunk[b, : lens[b]] = np.asarray(tokens[b, start[b] : start[b] + lens[b]])
+        logits, cache = fns["prefill"](fns["state"], jnp.asarray(chunk), cache, jnp.asarray(valid))
+        np.testing.assert_array_equal(np.asarray(cache.lengths), start + np.asarray(lens))
+        for b in range(B):
+            np.testing.assert_allclose(logits[b], full[b, start[b] + lens[b] - 1], atol=2e-5)
+        return cache
+
+    def decode(cache, steps, active):
+        for _ in range(steps):
+            before = np.asarray(cache.lengths)
+            nxt = jnp.asarray(np.asarray(tokens)[rows, np.minimum(before, s_total - 1)])
+            logits, cache = fns["decode"](fns["state"], nxt, cache, jnp.asarray(active))
+            after = np.asarray(cache.lengths)
+            np.testing.assert_array_equal(after, before + active)
+            for b in np.flatnonzero(active):
+                np.testing.assert_allclose(logits[b], full[b, before[b]], atol=2e-5)
+        return cache
+
+    cache = prefill_chunk(cache, [3, 7, 5], width=7)
+    cache = decode(cache, 4, np.array([1, 1, 1], np.int32))
+    cache = decode(cache, 2, np.array([1, 0, 1], np.int32))  # row 1 finished: it stands still
+    cache = prefill_chunk(cache, [4, 1, 6], width=6)  # tool observations of different lengths
+    decode(cache, 3, np.array([1, 1, 1], np.int32))
+
+
+def test_cache_capacity_check():
+    cache = kv_cache.init_cache(1, 2, 8, 1, 4)
+    kv_cache.check_capacity(cache, 8)
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        kv_cache.check_capacity(cache, 9)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 36, 1000])
+def test_chunked_logp_matches_naive(chunk_size):
+    """Values and gradients equal the naive log_softmax + gather, for any chunk size."""
+    kh, kw, kt, kg = jax.random.split(jax.random.key(3), 4)
+    hidden = jax.random.normal(kh, (B, T, 16))
+    w = jax.random.normal(kw, (50, 16))
+    tokens = jax.random.randint(kt, (B, T), 0, 50)
+    weights = jax.random.normal(kg, (2, B, T))
+
+    def naive(hidden, w):
+        logp_all = jax.nn.log_softmax(jnp.einsum("btd,vd->btv", hidden, w), axis=-1)
+        lp = jnp.take_along_axis(logp_all[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)[:, :-1]
+        zero = jnp.zeros((B, 1))
+        return jnp.concatenate([zero, lp], 1), jnp.concatenate([zero, ent], 1)
+
+    def chunked(hidden, w):
+        return token_logprobs_and_entropy(hidden, w, tokens, chunk_size=chunk_size)
+
+    def scalar(fn):
+        return lambda h, w: jnp.sum(fn(h, w)[0] * weights[0]) + jnp.sum(fn(h, w)[1] * weights[1])
+
+    for a, b in zip(chunked(hidden, w), naive(hidden, w)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert float(jnp.abs(chunked(hidden, w)[0][:, 0]).max()) == 0.0
+    g_chunk = jax.jit(jax.grad(scalar(chunked), argnums=(0, 1)))(hidden, w)
+    g_naive = jax.grad(scalar(naive), argnums=(0, 1))(hidden, w)
+    for a, b in zip(g_chunk, g_naive):
+        np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_policy_outputs_alignment_and_sampler_agreement(model, fns):
+    """logp/entropy/values are aligned with tokens; the sampler's per-step log-prob (decode
+    logits through `logp_and_entropy_from_logits`) equals the trainer's chunked logp."""
+    tokens, positions, mask = _batch(4)
+    out = fns["outs"](fns["state"], tokens, positions, mask)
+    hidden = model.hidden_states(tokens, positions, mask)
+    values = model.values_from_hidden(hidden)
+    np.testing.assert_allclose(out.values[:, 1:], values[:, :-1], atol=1e-6)
+    assert float(jnp.abs(out.values[:, 0]).max()) == 0.0
+
+    cache = kv_cache.init_cache(CFG.num_layers, B, T, CFG.num_kv_heads, CFG.head_dim)
+    logits, cache = fns["prefill"](fns["state"], tokens[:, :1], cache, jnp.ones((B, 1), jnp.int32))
+    ones = jnp.ones((B,), jnp.int32)
+    for t in range(1, T):
+        lp, ent = logp_and_entropy_from_logits(logits, tokens[:, t])
+        np.testing.assert_allclose(lp, out.logp[:, t], atol=2e-5)
+        np.testing.assert_allclose(ent, out.entropy[:, t], atol=2e-5)
+        logits, cache = fns["decode"](fns["state"], tokens[:, t], cache, ones)
+
+
+def test_value_head_absent_gives_none():
+    cfg = dataclasses.replace(CFG, value_head=False, num_layers=1)
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    assert policy_outputs(model, *_batch(b=1, t=4)).values is None
+    with pytest.raises(ValueError, match="no value head"):
+        model.values_from_hidden(jnp.zeros((1, 4, cfg.hidden_size)))
+
+
+def test_remat_same_gradients(model):
+    tokens, positions, mask = _batch(5, b=2, t=6)
+    remat = nnx.merge(*nnx.split(model))
+    remat.config = dataclasses.replace(CFG, remat=True)
+
+    def loss(m):
+        out = policy_outputs(m, tokens, positions, mask)
+        return jnp.sum(out.logp) + jnp.sum(out.values)
+
+    g1 = _params(nnx.jit(nnx.grad(loss))(model))
+    g2 = _params(nnx.jit(nnx.grad(loss))(remat))
+    for (name, a), (_, b) in zip(g1, g2):
+        assert bool(jnp.any(a[...] != 0)), name  # every parameter receives gradient
+        np.testing.assert_allclose(a[...], b[...], atol=1e-5, err_msg=str(name))
+
+
+def test_logical_axis_metadata(model):
+    """Every parameter names one logical axis per dimension, from the shared vocabulary."""
+    allowed = {"vocab", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers"}
+    for name, var in _params(model):
+        axes = var.get_metadata()["out_sharding"]
+        assert len(axes) == var.ndim, name
+        assert set(axes) <= allowed, name
+        if var.ndim >= 2 and name[0] not in ("embed", "lm_head"):
+            assert axes[0] == "layers", name
+
+
+def test_bfloat16_forward_close_to_float32(model):
+    bf16 = nnx.merge(*nnx.split(model))
+    for (name,), var in _params(bf16):
+        getattr(bf16, name).set_value(var[...].astype(jnp.bfloat16))
+    tokens, positions, mask = _batch(6, b=2, t=8)
+    lo = bf16(tokens, positions, mask)
+    hi = model(tokens, positions, mask)
+    assert lo.dtype == jnp.float32
+    assert float(jnp.abs(lo - hi).max()) < 0.15 * float(jnp.abs(hi).max())
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        CausalLM(dataclasses.replace(CFG, num_kv_heads=3), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="must be \\[B, T, D\\]"):
+        token_logprobs_and_entropy(jnp.zeros((2, 3, 4)), jnp.zeros((5, 4)), jnp.zeros((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="unsupported rope_type"):
+        CausalLM(dataclasses.replace(CFG, rope_type="yarn"), rngs=nnx.Rngs(0))(*_batch(b=1, t=2))
