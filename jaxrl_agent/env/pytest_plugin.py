@@ -1,0 +1,209 @@
+"""In-process pytest runner for sandbox children (HOST; runs inside the untrusted child).
+
+A sandbox worker has already imported pytest; for `python -m pytest ...` it forks a child
+that calls `run_pytest` instead of starting a new interpreter (that is where the pool's speed
+comes from). The plugin here adds what a plain pytest run cannot give a judge:
+
+- per-test outcome records written to a private pipe, each tagged with a per-call nonce, so
+  text the untrusted code prints (or writes to a guessed fd) cannot forge a result;
+- a tamper check: the identities of the callables in `builtins`, `pytest`/`_pytest`,
+  `pluggy` and `unittest` (module attributes and class attributes) are snapshotted before
+  collection imports any agent code and compared at the end of the session;
+- optional per-test timeouts (SIGALRM), so one looping test fails alone with a clear message;
+- in-memory test modules: files named in `memory_files` are compiled from sources held in
+  memory (the copies on disk are placeholders), so code under test cannot read them from disk.
+
+Limits: this runs in the same process as the code under test, so a determined adversary that
+introspects the interpreter (gc, frames) can still find the nonce or the test sources; the
+verifier's other defences (fresh directory, strict expected-test list, type-strict hidden
+tests) do not depend on it.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import os
+import signal
+import sys
+import types
+
+import pytest
+
+# ---- records ----
+
+
+def _short(text: str, limit: int = 600) -> str:
+    """Trim a failure text to its most useful tail (the assertion and the line)."""
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _failure_text(report) -> str:
+    """One compact failure message: the crash line and the failing source lines."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is not None:
+        return _short(str(crash.message))
+    return _short(str(getattr(report, "longrepr", "") or ""))
+
+
+# ---- tamper snapshot ----
+
+_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "unittest")
+
+
+def _snapshot() -> dict[str, int]:
+    """Identity of every callable/class attribute in the modules a cheat would patch."""
+    snap: dict[str, int] = {}
+    mods = [("builtins", builtins)] + [
+        (name, mod) for name, mod in list(sys.modules.items())
+        if isinstance(mod, types.ModuleType) and name.split(".")[0] in _WATCHED_PREFIXES
+    ]
+    for mname, mod in mods:
+        for attr, val in list(vars(mod).items()):
+            if callable(val):
+                snap[f"{mname}.{attr}"] = id(val)
+            if isinstance(val, type) and getattr(val, "__module__", "") == mname:
+                for cattr, cval in list(vars(val).items()):
+                    snap[f"{mname}.{attr}.{cattr}"] = id(cval)
+    return snap
+
+
+def _diff(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """Keys whose object changed or vanished (new modules imported later are ignored)."""
+    return sorted(k for k, v in before.items() if after.get(k) != v)
+
+
+# ---- in-memory test modules ----
+
+
+class MemoryModule(pytest.Module):
+    """A test module whose source comes from memory, not from the (placeholder) file."""
+
+    source: str = ""
+
+    def _getobj(self):
+        name = self.path.stem
+        tree = ast.parse(self.source, filename=str(self.path))
+        try:  # assertion rewriting gives the same rich messages as a file on disk
+            from _pytest.assertion.rewrite import rewrite_asserts
+            rewrite_asserts(tree, self.source.encode(), str(self.path), self.config)
+        except Exception:  # pragma: no cover - rewriting is a nicety, not a requirement
+            tree = ast.parse(self.source, filename=str(self.path))
+        code = compile(tree, str(self.path), "exec", dont_inherit=True)
+        mod = types.ModuleType(name)
+        mod.__file__ = str(self.path)
+        sys.modules[name] = mod
+        exec(code, mod.__dict__)
+        return mod
+
+
+# ---- the plugin ----
+
+
+class _Reporter:
+    """pytest plugin: nonce-tagged outcome records, tamper check, per-test timeout."""
+
+    def __init__(self, fd: int, nonce: str, memory_files: dict[str, str],
+                 test_timeout_s: float | None):
+        # Bind what we use now: later monkeypatching of os/json by agent code cannot
+        # redirect these references.
+        self._write, self._dumps, self._fd, self._nonce = os.write, json.dumps, fd, nonce
+        self._memory = dict(memory_files)
+        self._timeout = test_timeout_s
+        self._before: dict[str, int] = {}
+
+    def _emit(self, **rec) -> None:
+        rec["nonce"] = self._nonce
+        try:
+            self._write(self._fd, (self._dumps(rec) + "\n").encode())
+        except OSError:
+            pass
+
+    def pytest_sessionstart(self, session):
+        self._before = _snapshot()
+        self._emit(event="start")
+
+    def pytest_pycollect_makemodule(self, module_path, parent):
+        rel = os.path.relpath(str(module_path), str(parent.config.rootpath))
+        if rel in self._memory:
+            mod = MemoryModule.from_parent(parent, path=module_path)
+            mod.source = self._memory[rel]
+            return mod
+        return None
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self._emit(event="test", id=report.nodeid or "<collection>", when="collect",
+                       outcome="error", message=_failure_text(report))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        if not self._timeout:
+            yield
+            return
+        timeout = self._timeout
+
+        def _alarm(signum, frame):
+            raise TimeoutError(f"test timed out after {timeout:g}s (infinite loop?)")
+
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.outcome != "passed":
+            outcome = report.outcome if report.when == "call" else (
+                "skipped" if report.skipped else "error")
+            self._emit(event="test", id=report.nodeid, when=report.when, outcome=outcome,
+                       message="" if report.passed else _failure_text(report))
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self._emit(event="end", exitstatus=int(exitstatus),
+                   tampered=_diff(self._before, _snapshot())[:10])
+
+
+def run_pytest(args: list[str], report_fd: int, nonce: str,
+               memory_files: dict[str, str] | None = None,
+               test_timeout_s: float | None = None) -> int:
+    """Run pytest in this (already sandboxed) process; returns its exit code."""
+    plugin = _Reporter(report_fd, nonce, memory_files or {}, test_timeout_s)
+    # No cache dir: the run depends only on argv and the files. The unraisable/thread
+    # exception plugins call gc.collect() five times per session (tens of ms).
+    args = ["-p", "no:cacheprovider", "-p", "no:unraisableexception",
+            "-p", "no:threadexception", *args]
+    return int(pytest.main(args, plugins=[plugin]))
+
+
+def warm_up(tmpdir: str) -> None:
+    """Import everything a pytest session imports lazily, in the worker, before forking.
+
+    Runs one trivial session on a test file written here (trusted content), so each forked
+    child starts with a warm module cache instead of re-importing pytest's plugins.
+    """
+    path = os.path.join(tmpdir, "test_jxa_warmup.py")
+    with open(path, "w") as f:
+        f.write("def test_warm():\n    assert [1] == [1]\n")
+    saved_path, saved_mods = list(sys.path), set(sys.modules)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved_fds = os.dup(1), os.dup(2)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        run_pytest(["-q", "--rootdir", tmpdir, path], devnull, "warm",
+                   test_timeout_s=5.0)
+    except BaseException:  # a failed warm-up only costs speed
+        pass
+    finally:
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        for fd in (*saved_fds, devnull):
+            os.close(fd)
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_mods:
+            if name.startswith("test_jxa_warmup"):
+                del sys.modules[name]

@@ -1,0 +1,296 @@
+"""Process-isolated execution of untrusted code: the multiprocessing sandbox pool (HOST).
+
+Threat model: the code the agent writes is hostile. `Sandbox.run(workspace, argv)` runs
+`argv` on a private copy of `workspace` in a fresh child process forked from a pool worker:
+
+    caller thread --pipe--> worker process (spawned once, pytest pre-imported, root)
+                               |  per call: copy workspace -> fork child -> wait/drain
+                               v
+                            child: own session/process group, rlimits, chroot jail,
+                                   unprivileged per-worker uid; `python -m pytest ...`
+                                   runs in-process (no interpreter start), anything else
+                                   is exec'd
+
+Isolation levels (`Sandbox.isolation` says which one a pool got; chosen per worker):
+
+"namespaces" (root with CAP_SYS_ADMIN, e.g. these machines and CI)
+  - own network namespace: no network at all (only a private loopback);
+  - own mount namespace + chroot into a jail: read-only bind mounts of the system library
+    directories, the Python installation and a few /etc files; a writable `/workspace`
+    (the private copy) and `/tmp` on a size-limited tmpfs (disk-fill bound). The host's
+    other files (home dirs, the repository, other episodes' workspaces, /proc) are absent;
+  - unprivileged uid/gid per worker (base_uid + index): RLIMIT_NPROC bounds fork bombs
+    (root is exempt from it, hence the uid), the caller's workspace cannot be changed;
+  - rlimits: CPU seconds, address space, file size, open files, core dumps off;
+  - wall timeout kills the process group; afterwards every process of the worker's uid is
+    killed (kill(-1) as that uid, repeated), so nothing started by a call outlives it, even
+    after setsid() or double forks;
+  - stdout/stderr drained concurrently and truncated to `max_output_bytes`.
+"uid" (root, but namespaces refused): as above without the network namespace, the jail
+  and the tmpfs size cap: the child can read world-readable host files and reach the
+  network, and disk use is bounded only per file (RLIMIT_FSIZE).
+"basic" (not root): rlimits, process group kill, private copy. No uid drop, so no
+  fork-bomb bound (RLIMIT_NPROC then counts all of the user's processes) and no
+  filesystem or network confinement. Use it for development only.
+
+Not covered at any level: CPU/memory side channels, kernel exploits, denial of service
+through the kernel (e.g. many tiny files up to the tmpfs cap), reading the Python
+installation or system libraries (needed to run), and introspection of the in-process
+pytest runner by the code it imports (see `pytest_plugin`). Bubblewrap is not used: its
+primitives (mount/net namespaces, read-only binds, uid drop) are applied here directly,
+because a bwrap exec per call would need a fresh interpreter and lose the fork fast path.
+
+A worker that dies (or stops answering) is killed and replaced; that call returns a
+`RunResult` with `error` set. `run` never raises for anything the child does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import threading
+import weakref
+from dataclasses import dataclass, fields
+
+from jaxrl_agent.env import sandbox_worker
+
+# ---- config and result ----
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits of one sandbox pool; `Sandbox(**fields)` accepts the same names."""
+
+    num_workers: int = 2
+    """Worker processes (concurrent calls)."""
+    timeout_s: float = 10.0
+    """Default wall-clock limit per call (the process group is killed after it)."""
+    memory_mb: int = 1024
+    """Address-space limit (RLIMIT_AS) of the child, in MiB."""
+    max_output_bytes: int = 16384
+    """stdout and stderr are each truncated to this many bytes."""
+    file_mb: int = 16
+    """Largest file the child may write (RLIMIT_FSIZE), in MiB."""
+    disk_mb: int = 64
+    """Size of the jail's tmpfs (workspace + /tmp), in MiB ("namespaces" level only)."""
+    max_procs: int = 64
+    """Processes/threads per worker uid (RLIMIT_NPROC; needs the uid drop)."""
+    max_open_files: int = 256
+    """RLIMIT_NOFILE of the child."""
+    base_uid: int = 61000
+    """Worker i runs untrusted code as uid/gid base_uid + i (root only)."""
+    isolation: str = "auto"
+    """"auto" (best available), "namespaces", "uid" or "basic"; a forced level that the
+    machine cannot provide makes the pool fail to start with a clear error."""
+
+
+@dataclass
+class RunResult:
+    """Outcome of one sandboxed call."""
+
+    returncode: int
+    """Exit status; negative: killed by that signal (-9 after a timeout)."""
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    error: str | None = None
+    """Set when the sandbox itself failed (worker died, bad request); None otherwise."""
+    tests: list[dict] | None = None
+    """In-process pytest runs only: nonce-checked records, one per test outcome, plus the
+    "start"/"end" session events (the end event lists tampered names)."""
+    duration_s: float = 0.0
+    """Wall time of the child."""
+    isolation: str = ""
+    """Isolation level of the worker that ran the call."""
+    overhead_s: float = 0.0
+    """Worker time spent outside the child (copy, fork, cleanup)."""
+    forged_records: int = 0
+    """Report lines without the call's nonce (evidence of a forging attempt)."""
+
+
+
+# ---- the pool ----
+
+_START_TIMEOUT_S = 120.0  # spawning a worker imports pytest and builds the jail
+_GRACE_S = 30.0  # worker time beyond the call's timeout (copy, kill sweep, cleanup)
+
+
+class _Handle:
+    """Caller-side view of one worker process."""
+
+    def __init__(self, ctx, cfg: SandboxConfig, index: int):
+        self.index = index
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=sandbox_worker.worker_main, args=(child_conn, cfg, index),
+                                daemon=True, name=f"jxa-sandbox-{index}")
+        self.proc.start()
+        child_conn.close()
+        self.info: dict = {}
+
+    def wait_ready(self) -> None:
+        if not self.conn.poll(_START_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(f"sandbox worker {self.index} did not start")
+        try:
+            self.info = self.conn.recv()
+        except (EOFError, OSError) as e:
+            raise RuntimeError(f"sandbox worker {self.index} died while starting") from e
+        if not self.info.get("ready"):
+            self.kill()
+            raise RuntimeError(f"sandbox worker {self.index} failed: {self.info.get('error')}")
+
+    def kill(self) -> None:
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=10)
+        for d in self.info.get("dirs", ()):  # host-side leftovers (jail mountpoint, scratch)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class Sandbox:
+    """A pool of sandbox workers; use as a context manager.
+
+    >>> with Sandbox(num_workers=2, timeout_s=5, memory_mb=512) as sb:
+    ...     res = sb.run("/path/to/workspace", ["python", "-m", "pytest", "-q"])
+
+    `run` is thread-safe: up to `num_workers` calls proceed in parallel, others wait for a
+    free worker. Keyword arguments override fields of `config` (a `SandboxConfig`).
+    """
+
+    def __init__(self, num_workers: int | None = None, timeout_s: float | None = None,
+                 memory_mb: int | None = None, *, config: SandboxConfig | None = None,
+                 **overrides):
+        known = {f.name for f in fields(SandboxConfig)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"Sandbox: unknown option(s) {sorted(unknown)}; known: {sorted(known)}")
+        given = dict(num_workers=num_workers, timeout_s=timeout_s, memory_mb=memory_mb, **overrides)
+        cfg = dataclasses.replace(config or SandboxConfig(),
+                                  **{k: v for k, v in given.items() if v is not None})
+        if cfg.num_workers < 1 or cfg.timeout_s <= 0 or cfg.memory_mb < 64:
+            raise ValueError("Sandbox: need num_workers >= 1, timeout_s > 0, memory_mb >= 64")
+        if cfg.isolation not in ("auto", "namespaces", "uid", "basic"):
+            raise ValueError(f"Sandbox: unknown isolation {cfg.isolation!r}")
+        self.config = cfg
+        self._ctx = mp.get_context("spawn")  # never fork the caller (it may hold JAX threads)
+        self._idle: queue.Queue[_Handle] = queue.Queue()
+        self._all: dict[int, _Handle] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        handles = [_Handle(self._ctx, cfg, i) for i in range(cfg.num_workers)]
+        try:
+            for h in handles:
+                h.wait_ready()
+        except BaseException:
+            for h in handles:
+                h.kill()
+            raise
+        for h in handles:
+            self._all[h.index] = h
+            self._idle.put(h)
+        self.isolation = min((h.info["isolation"] for h in handles), key=_LEVELS.index)
+        self.restarts = 0
+        self._finalizer = weakref.finalize(self, _kill_all, list(handles))
+
+    # ---- public API ----
+
+    def run(self, workspace_dir: str | os.PathLike, argv: list[str],
+            timeout_s: float | None = None, *, memory_files: dict[str, str] | None = None,
+            test_timeout_s: float | None = None) -> RunResult:
+        """Run `argv` on a private copy of `workspace_dir`; never raises for the child.
+
+        Args:
+          workspace_dir: directory copied (regular files only) into the child's workspace.
+          argv: command; `["python", "-m", "pytest", ...]` runs in the warm worker.
+          timeout_s: wall-clock limit (default: the pool's `timeout_s`).
+          memory_files: relative path -> test source, collected by pytest from memory (the
+            file on disk is a placeholder), so the code under test cannot read them.
+          test_timeout_s: per-test limit for in-process pytest runs (SIGALRM).
+        """
+        bad = self._check_request(workspace_dir, argv, timeout_s, memory_files)
+        if bad:
+            return RunResult(-1, "", "", error=bad, isolation=self.isolation)
+        timeout = float(timeout_s or self.config.timeout_s)
+        req = dict(workspace=os.path.abspath(workspace_dir), argv=[str(a) for a in argv],
+                   timeout_s=timeout, memory_files=dict(memory_files or {}),
+                   test_timeout_s=test_timeout_s)
+        handle = self._idle.get()
+        try:
+            if self._closed:
+                return RunResult(-1, "", "", error="sandbox is closed", isolation=self.isolation)
+            try:
+                handle.conn.send(req)
+                if handle.conn.poll(timeout + _GRACE_S):
+                    res = handle.conn.recv()
+                    return RunResult(**res)
+                why = "sandbox worker stopped answering; replaced"
+            except (EOFError, OSError) as e:
+                why = f"sandbox worker died ({type(e).__name__}); replaced"
+            handle = self._replace(handle)
+            return RunResult(-1, "", "", error=why, isolation=self.isolation)
+        finally:
+            self._idle.put(handle)
+
+    def close(self) -> None:
+        """Stop all workers (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _kill_all(list(self._all.values()))
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (for tests and monitoring)."""
+        return [h.proc.pid for h in self._all.values()]
+
+    # ---- internals ----
+
+    def _replace(self, handle: _Handle) -> _Handle:
+        handle.kill()
+        new = _Handle(self._ctx, self.config, handle.index)
+        try:
+            new.wait_ready()
+        except RuntimeError:
+            new.kill()
+            new = _Handle(self._ctx, self.config, handle.index)  # one more try, then give up
+            new.wait_ready()
+        with self._lock:
+            self._all[handle.index] = new
+            self.restarts += 1
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_all, list(self._all.values()))
+        return new
+
+    @staticmethod
+    def _check_request(workspace_dir, argv, timeout_s, memory_files) -> str | None:
+        if not isinstance(argv, (list, tuple)) or not argv or \
+                not all(isinstance(a, (str, os.PathLike)) for a in argv):
+            return f"argv must be a non-empty list of strings, got {argv!r:.200}"
+        if not os.path.isdir(workspace_dir):
+            return f"workspace_dir {str(workspace_dir)!r} is not a directory"
+        if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            return f"timeout_s must be a positive number, got {timeout_s!r}"
+        for rel in memory_files or {}:
+            if os.path.isabs(rel) or ".." in rel.split("/"):
+                return f"memory_files path {rel!r} must be relative, without '..'"
+        return None
+
+
+_LEVELS = ["basic", "uid", "namespaces"]
+
+
+def _kill_all(handles: list[_Handle]) -> None:
+    for h in handles:
+        h.kill()
