@@ -1,0 +1,336 @@
+"""HOST: tokenizer wrapper, the ChatML / Hermes tool-call chat format, and the incremental
+token-in / token-out episode builder (DESIGN §3, §7).
+
+Chat format (the text Qwen2.5's own chat template produces, so a pretrained Qwen-family
+checkpoint speaks it without a custom template):
+
+    <|im_start|>system\n{system}[\n\n# Tools ... <tools>{schemas}</tools> ...]<|im_end|>\n
+    <|im_start|>user\n{task}<|im_end|>\n
+    <|im_start|>assistant\n...<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call><|im_end|>\n
+    <|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n
+    <|im_start|>assistant\n
+
+Tool results are `tool`-role messages; like Qwen2.5 they render inside a `user` turn, and
+consecutive tool messages share one turn. Tool schemas are OpenAI function-format dicts
+supplied by the caller; `tool_style="full"` renders them as Qwen2.5 does, `"short"` lists
+only tool and argument names (for tiny models, keeps episodes short).
+
+The episode builder never re-tokenizes sampled text: an episode is the prompt ids, then
+sampled ids verbatim (loss_mask 1), then the ids of the rendered observation text (loss_mask
+0), and so on. The observation text is the chat template's rendering of the conversation with
+the new tool messages, minus the text already in the episode; if the template's rendering
+does not extend that text (a template that rewrites history), `PrefixError` is raised.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from transformers import AutoTokenizer
+
+DEFAULT_TOKENIZER_DIR = os.path.join(os.path.dirname(__file__), "assets", "tokenizer")
+IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+_TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+# The same text as `render_chat`, as a Jinja chat template (Qwen2.5's, with a neutral default
+# system message); saved with the repo tokenizer so `apply_chat_template` agrees with us.
+CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    "{%- else %}{{- '" + DEFAULT_SYSTEM + "' }}{%- endif %}"
+    "{{- " + json.dumps(_TOOLS_HEADER) + " }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- " + json.dumps(_TOOLS_FOOTER + "<|im_end|>\n") + " }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) "
+    "or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}"
+    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != 'tool') %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or (messages[loop.index0 + 1].role != 'tool') %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+class PrefixError(ValueError):
+    """The chat template's rendering does not extend the tokens the model conditioned on."""
+
+
+# ---- tokenizer wrapper ---------------------------------------------------------------------
+
+
+class Tokenizer:
+    """A `transformers` tokenizer with the ids and conventions the agent loop needs.
+
+    `encode` never adds BOS/EOS (chat text carries its own markers); `decode` keeps special
+    tokens and never "cleans up" spaces, so decoding is the exact inverse for byte-level BPE.
+    """
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        vocab = hf_tokenizer.get_vocab()
+        missing = [t for t in (IM_START, IM_END) if t not in vocab]
+        if missing:
+            raise ValueError(f"tokenizer has no {missing} token(s): it cannot render ChatML")
+        self.im_start_id = vocab[IM_START]
+        self.im_end_id = vocab[IM_END]
+        self.pad_id = vocab.get(END_OF_TEXT, self.im_end_id)
+        # A turn ends at <|im_end|>; <|endoftext|> also stops generation when present.
+        self.stop_ids = tuple(sorted({self.im_end_id, vocab.get(END_OF_TEXT, self.im_end_id)}))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (`len(tokenizer)`)."""
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; special-token strings in `text` become their single ids."""
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text, special tokens kept, no whitespace clean-up."""
+        return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def token_id(self, token: str) -> int:
+        """The id of a single-token string (e.g. "<tool_call>"); KeyError if not one token."""
+        vocab = self.hf.get_vocab()
+        if token not in vocab:
+            raise KeyError(f"{token!r} is not a single token of this tokenizer")
+        return vocab[token]
+
+
+def load_tokenizer(path: str | None = None) -> Tokenizer:
+    """Load a local HF tokenizer directory (default: the repo's tiny tokenizer)."""
+    path = path or DEFAULT_TOKENIZER_DIR
+    if not os.path.exists(os.path.join(path, "tokenizer.json")) and not os.path.exists(
+        os.path.join(path, "tokenizer_config.json")
+    ):
+        raise FileNotFoundError(f"no tokenizer.json / tokenizer_config.json in {path}")
+    return Tokenizer(AutoTokenizer.from_pretrained(path))
+
+
+# ---- chat format ---------------------------------------------------------------------------
+
+
+def format_tool_call(name: str, arguments: dict) -> str:
+    """The Hermes / Qwen2.5 tool-call text: `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`."""
+    args = json.dumps(arguments, ensure_ascii=False)
+    return f'{TOOL_CALL}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{TOOL_CALL_END}'
+
+
+def short_tool_prompt(tools: Sequence[dict]) -> str:
+    """Tool names and argument names only (optional ones marked `?`), plus the call format.
+
+    `tools` are OpenAI function-format dicts: `{"type": "function", "function": {"name",
+    "description", "parameters": {"properties": {...}, "required": [...]}}}` (the bare
+    `function` dict is accepted too).
+    """
+    lines = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        params = fn.get("parameters", {}) or {}
+        required = set(params.get("required", []))
+        args = [a if a in required else a + "?" for a in params.get("properties", {})]
+        lines.append(f"- {fn['name']}({', '.join(args)})")
+    return (
+        "# Tools\n" + "\n".join(lines) + "\nCall a tool with:\n"
+        + format_tool_call("<tool-name>", {"<arg>": "<value>"}).replace('"<tool-name>"', "<tool-name>")
+    )
+
+
+def render_chat(messages: Sequence[dict], tools: Sequence[dict] | None = None, add_generation_prompt: bool = False) -> str:
+    """Render messages exactly as Qwen2.5's chat template does (see `CHAT_TEMPLATE`).
+
+    Args:
+      messages: dicts with `role` (system/user/assistant/tool) and `content`; an assistant
+        message may carry structured `tool_calls` ({"function": {"name", "arguments"}}).
+      tools: OpenAI function-format schemas rendered into the system turn, or None.
+      add_generation_prompt: end with `<|im_start|>assistant\\n`.
+    Returns:
+      The prompt text. Without a leading system message, `DEFAULT_SYSTEM` is used.
+    """
+    out = []
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    if tools:
+        schemas = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        out.append(f"{IM_START}system\n{system}{_TOOLS_HEADER}{schemas}{_TOOLS_FOOTER}{IM_END}\n")
+    else:
+        out.append(f"{IM_START}system\n{system}{IM_END}\n")
+    for i, msg in enumerate(messages):
+        role, content = msg["role"], msg.get("content") or ""
+        if role == "system" and i == 0:
+            continue
+        if role in ("user", "system") or (role == "assistant" and not msg.get("tool_calls")):
+            out.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+        elif role == "assistant":
+            out.append(f"{IM_START}assistant" + (f"\n{content}" if content else ""))
+            for call in msg["tool_calls"]:
+                call = call.get("function", call)
+                out.append("\n" + format_tool_call(call["name"], call["arguments"]))
+            out.append(f"{IM_END}\n")
+        elif role == "tool":
+            if i == 0 or messages[i - 1]["role"] != "tool":
+                out.append(f"{IM_START}user")
+            out.append(f"\n{TOOL_RESPONSE}\n{content}\n{TOOL_RESPONSE_END}")
+            if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
+                out.append(f"{IM_END}\n")
+        else:
+            raise ValueError(f"message {i}: unknown role {role!r} (system, user, assistant, tool)")
+    if add_generation_prompt:
+        out.append(f"{IM_START}assistant\n")
+    return "".join(out)
+
+
+class ChatFormat:
+    """How an episode's text is rendered: built-in ChatML renderer or the tokenizer's template.
+
+    Args:
+      tokenizer: the `Tokenizer`.
+      tool_style: "full" (schemas in the system turn, as Qwen2.5) or "short" (names only, via
+        `short_tool_prompt`, appended to the system message; for tiny models).
+      use_tokenizer_template: render with `tokenizer.hf.apply_chat_template` instead of
+        `render_chat` (for a pretrained checkpoint's own template).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, tool_style: str = "full", use_tokenizer_template: bool = False):
+        if tool_style not in ("full", "short"):
+            raise ValueError(f"tool_style must be 'full' or 'short', got {tool_style!r}")
+        self.tokenizer, self.tool_style, self.use_tokenizer_template = tokenizer, tool_style, use_tokenizer_template
+
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
+        """The conversation text (see `render_chat`)."""
+        messages = list(messages)
+        if tools and self.tool_style == "short":
+            has_system = bool(messages) and messages[0]["role"] == "system"
+            system = messages[0]["content"] if has_system else DEFAULT_SYSTEM
+            messages = [{"role": "system", "content": f"{system}\n\n{short_tool_prompt(tools)}"}] + messages[int(has_system):]
+            tools = None
+        if self.use_tokenizer_template:
+            return self.tokenizer.hf.apply_chat_template(
+                messages, tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        return render_chat(messages, tools, add_generation_prompt)
+
+
+# ---- the incremental episode builder -------------------------------------------------------
+
+
+class EpisodeBuilder:
+    """Builds one episode's token sequence by appending only (DESIGN §3).
+
+    Per token it records `ids`, `loss_mask` (1 on sampled ids), `sampler_logp` (the sampler's
+    log-prob on sampled ids, 0 elsewhere) and `turn_id`: turn k is the context rendered
+    before the k-th sampled response (the prompt for k = 0, the k-th observation otherwise)
+    plus that response.
+
+    Args:
+      chat: the `ChatFormat` (tokenizer, tool style, renderer).
+      messages: the initial messages (system, user task).
+      tools: tool schemas rendered with the system turn, or None.
+    """
+
+    def __init__(self, chat: ChatFormat, messages: Sequence[dict], tools: Sequence[dict] | None = None):
+        self.chat, self.tools = chat, tools
+        self.messages = [dict(m) for m in messages]
+        self._text = chat.render(self.messages, tools, add_generation_prompt=True)
+        self.ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.sampler_logp: list[float] = []
+        self.turn_id: list[int] = []
+        self.turn = 0
+        self._append(chat.tokenizer.encode(self._text), None)
+        self.prompt_len = len(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _append(self, ids: Sequence[int], logps: Sequence[float] | None) -> None:
+        self.ids.extend(int(i) for i in ids)
+        self.loss_mask.extend([0 if logps is None else 1] * len(ids))
+        self.sampler_logp.extend([0.0] * len(ids) if logps is None else [float(x) for x in logps])
+        self.turn_id.extend([self.turn] * len(ids))
+
+    def append_sampled(self, ids: Sequence[int], logps: Sequence[float], *, context: Sequence[int] | int | None = None) -> None:
+        """Append the sampler's ids verbatim (loss_mask 1) with their log-probs.
+
+        Args:
+          ids: sampled ids of one assistant response, stop token included if one was sampled.
+          logps: the sampler's log-prob of each id (same length).
+          context: what the sampler conditioned on: the ids, or their count (cache length).
+            Checked against the episode so far (the prefix property); None skips the check.
+        Raises:
+          PrefixError if `context` is not the episode so far; ValueError on a length mismatch.
+        """
+        if len(ids) != len(logps):
+            raise ValueError(f"append_sampled: {len(ids)} ids but {len(logps)} logps")
+        if context is not None:
+            n = context if isinstance(context, int) else len(context)
+            if n != len(self.ids) or (not isinstance(context, int) and list(context) != self.ids):
+                raise PrefixError(
+                    f"prefix property violated: the sampler conditioned on {n} tokens that are not "
+                    f"the episode's {len(self.ids)} tokens"
+                )
+        self._append(ids, logps)
+        text = self.chat.tokenizer.decode(ids)
+        self._text += text
+        # The template renders the assistant message as content + <|im_end|>, so the stop
+        # token is not part of the content; a truncated response simply has no <|im_end|>.
+        content = text[: -len(IM_END)] if text.endswith(IM_END) else text
+        self.messages.append({"role": "assistant", "content": content})
+
+    def append_observation(self, tool_responses: str | Sequence[str]) -> list[int]:
+        """Append tool results as `tool` messages plus the chat glue up to the next assistant
+        turn, all with loss_mask 0. Returns the appended ids.
+
+        The appended text is `render(messages + tools results, generation prompt)` minus the
+        text already in the episode: this covers the junction newline after `<|im_end|>` and
+        closes a response that was cut before its `<|im_end|>`.
+
+        Raises:
+          PrefixError when the rendering does not start with the episode's text.
+        """
+        if isinstance(tool_responses, str):
+            tool_responses = [tool_responses]
+        if not tool_responses:
+            raise ValueError("append_observation: no tool responses")
+        self.turn += 1
+        messages = self.messages + [{"role": "tool", "content": r} for r in tool_responses]
+        full = self.chat.render(messages, self.tools, add_generation_prompt=True)
+        if not full.startswith(self._text):
+            at = next((i for i, (a, b) in enumerate(zip(full, self._text)) if a != b), min(len(full), len(self._text)))
+            raise PrefixError(
+                f"prefix property violated at turn {self.turn}: the chat template re-renders the "
+                f"conversation differently from the tokens already in the episode, at character "
+                f"{at}: episode has {self._text[at:at + 40]!r}, template gives {full[at:at + 40]!r}"
+            )
+        delta = full[len(self._text):]
+        ids = self.chat.tokenizer.encode(delta)
+        self._append(ids, None)
+        self._text = full
+        self.messages = messages
+        return ids
