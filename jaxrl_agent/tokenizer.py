@@ -323,10 +323,11 @@ class EpisodeBuilder:
         full = self.chat.render(messages, self.tools, add_generation_prompt=True)
         if not full.startswith(self._text):
             at = next((i for i, (a, b) in enumerate(zip(full, self._text)) if a != b), min(len(full), len(self._text)))
+            lo = max(0, at - 20)  # show a little shared context before the divergence
             raise PrefixError(
                 f"prefix property violated at turn {self.turn}: the chat template re-renders the "
                 f"conversation differently from the tokens already in the episode, at character "
-                f"{at}: episode has {self._text[at:at + 40]!r}, template gives {full[at:at + 40]!r}"
+                f"{at}: episode has {self._text[lo:at + 40]!r}, template gives {full[lo:at + 40]!r}"
             )
         delta = full[len(self._text):]
         ids = self.chat.tokenizer.encode(delta)

@@ -1,0 +1,277 @@
+"""Tests for tokenizer.py: the repo tokenizer, the chat format, the episode builder."""
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import AddedToken, Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
+
+from jaxrl_agent.tokenizer import (
+    IM_END,
+    ChatFormat,
+    EpisodeBuilder,
+    PrefixError,
+    format_tool_call,
+    load_tokenizer,
+    render_chat,
+    short_tool_prompt,
+)
+
+TOOLS = [
+    {"type": "function", "function": {"name": "list_files", "description": "List files.",
+                                      "parameters": {"type": "object", "properties": {}, "required": []}}},
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file.", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "start_line": {"type": "integer"},
+                                         "end_line": {"type": "integer"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "str_replace", "description": "Edit a file.", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"},
+                                         "new": {"type": "string"}}, "required": ["path", "old", "new"]}}},
+    {"type": "function", "function": {"name": "run_tests", "description": "Run the dev tests.",
+                                      "parameters": {"type": "object", "properties": {}, "required": []}}},
+    {"type": "function", "function": {"name": "submit", "description": "Submit.",
+                                      "parameters": {"type": "object", "properties": {}, "required": []}}},
+]
+PROMPT = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Fix binary_search in search.py."},
+]
+BUGGY = '''def binary_search(xs, target):
+    low, high = 0, len(xs) - 1
+    while low <= high:
+        mid = (low + high) // 2
+        if xs[mid] == target:
+            return mid
+        if xs[mid] < target:
+            low = mid
+        else:
+            high = mid
+    return -1
+'''
+
+# Qwen2.5-Instruct's chat template, verbatim (an independent reference for `render_chat`).
+QWEN25_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(tmp_path_factory):
+    """A Qwen2.5-style tokenizer directory written from local files: a byte-level BPE with
+    Qwen's pre-tokenizer and special-token layout, tokenizer_config.json carrying the
+    Qwen2.5 chat template, loaded with AutoTokenizer like a downloaded checkpoint."""
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    raw.decoder = decoders.ByteLevel()
+    text = [BUGGY, render_chat(PROMPT, TOOLS), "the quick brown fox jumps over the lazy dog " * 3] * 20
+    raw.train_from_iterator(text, trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]])
+    raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]])
+    path = tmp_path_factory.mktemp("qwen_tok")
+    raw.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "bos_token": None, "clean_up_tokenization_spaces": False, "chat_template": QWEN25_TEMPLATE,
+        "model_max_length": 32768, "errors": "replace", "split_special_tokens": False,
+    }))
+    return load_tokenizer(str(path))
+
+
+# ---- the repo tokenizer --------------------------------------------------------------------
+
+
+def test_repo_tokenizer_is_small_and_has_single_id_markers(tok):
+    assert 1000 <= tok.vocab_size <= 4096
+    for marker in ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>",
+                   "<tool_response>", "</tool_response>"]:
+        assert tok.encode(marker) == [tok.token_id(marker)], marker
+    assert tok.stop_ids == tuple(sorted({tok.im_end_id, tok.token_id("<|endoftext|>")}))
+    with pytest.raises(KeyError):
+        tok.token_id("not a token at all")
+    assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", "experiments", "build_tokenizer.py"))
+
+
+def test_repo_tokenizer_encodes_task_code_compactly(tok):
+    for text in [BUGGY, format_tool_call("str_replace", {"path": "search.py", "old": "low = mid", "new": "low = mid + 1"}),
+                 "FAILED tests/test_search.py::test_finds_last - assert -1 == 2"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert len(text) / len(ids) >= 3.0, (len(text) / len(ids), text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=80))
+def test_repo_tokenizer_round_trips_any_text(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+# ---- chat format ---------------------------------------------------------------------------
+
+CONVERSATIONS = [
+    PROMPT,
+    PROMPT + [{"role": "assistant", "content": "Reading.\n" + format_tool_call("read_file", {"path": "search.py"})},
+              {"role": "tool", "content": "1  def f():"}, {"role": "tool", "content": "second result"},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"type": "function", "function": {"name": "str_replace", "arguments": {"path": "a.py", "old": "x", "new": "y"}}}]},
+              {"role": "tool", "content": "OK"}],
+]
+
+
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_render_chat_matches_qwen25_template(tok, qwen_tok, conv, tools):
+    messages = CONVERSATIONS[conv]
+    for gen in (False, True):
+        ours = render_chat(messages, tools, add_generation_prompt=gen)
+        for t in (tok, qwen_tok):  # the repo template and Qwen2.5's verbatim template
+            ref = t.hf.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
+            assert ours == ref
+
+
+def test_tool_prompt_styles(tok):
+    short = ChatFormat(tok, tool_style="short").render(PROMPT, TOOLS, add_generation_prompt=True)
+    full = ChatFormat(tok, tool_style="full").render(PROMPT, TOOLS, add_generation_prompt=True)
+    assert "- read_file(path, start_line?, end_line?)" in short and "- str_replace(path, old, new)" in short
+    assert "- run_tests()" in short and '"description"' not in short
+    assert json.dumps(TOOLS[1]) in full
+    assert short.startswith("<|im_start|>system\nYou are a coding agent.\n\n# Tools\n")
+    assert len(tok.encode(short)) < len(tok.encode(full)) / 2
+    assert short_tool_prompt([t["function"] for t in TOOLS]) == short_tool_prompt(TOOLS)
+    with pytest.raises(ValueError, match="tool_style"):
+        ChatFormat(tok, tool_style="medium")
+
+
+def test_format_tool_call_is_hermes_json():
+    text = format_tool_call("read_file", {"path": "ü.py", "start_line": 3})
+    assert text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>")
+    assert json.loads(text[len("<tool_call>\n"):-len("\n</tool_call>")]) == {
+        "name": "read_file", "arguments": {"path": "ü.py", "start_line": 3}}
+
+
+# ---- the episode builder -------------------------------------------------------------------
+
+
+def _run_episode(tok, chat):
+    """Two turns: a verbatim (deliberately non-canonical) tool call ending in <|im_end|>, one
+    observation, a truncated response (no stop), a second observation."""
+    ep = EpisodeBuilder(chat, PROMPT, TOOLS)
+    prompt_len = len(ep)
+    call_text = format_tool_call("read_file", {"path": "search.py"})
+    # one id per character for the first word: a tokenization `encode` would never produce
+    sampled1 = [i for ch in "Let" for i in tok.encode(ch)] + tok.encode(" me read.\n" + call_text) + [tok.im_end_id]
+    ep.append_sampled(sampled1, [-0.5] * len(sampled1), context=list(ep.ids))
+    obs1 = ep.append_observation("   1  " + BUGGY.splitlines()[0])
+    sampled2 = tok.encode("I think low = mid is")  # cut by the per-turn token limit
+    ep.append_sampled(sampled2, [-1.25] * len(sampled2), context=len(ep))
+    obs2 = ep.append_observation(["tool error: turn truncated", "second result"])
+    return ep, prompt_len, sampled1, obs1, sampled2, obs2
+
+
+@pytest.mark.parametrize("which", ["repo", "qwen"])
+def test_episode_builder_masks_and_verbatim_ids(tok, qwen_tok, which):
+    t = tok if which == "repo" else qwen_tok
+    chat = ChatFormat(t, tool_style="short" if which == "repo" else "full", use_tokenizer_template=which == "qwen")
+    ep, p, s1, obs1, s2, obs2 = _run_episode(t, chat)
+    n1, n2 = len(s1), len(s2)
+    assert ep.prompt_len == p
+    assert ep.ids == t.encode(chat.render(PROMPT, TOOLS, True)) + s1 + obs1 + s2 + obs2
+    assert ep.ids[p:p + n1] == s1  # sampled ids verbatim, never re-tokenized
+    expected_mask = [0] * p + [1] * n1 + [0] * len(obs1) + [1] * n2 + [0] * len(obs2)
+    assert ep.loss_mask == expected_mask
+    assert ep.sampler_logp == [0.0] * p + [-0.5] * n1 + [0.0] * len(obs1) + [-1.25] * n2 + [0.0] * len(obs2)
+    assert ep.turn_id == [0] * (p + n1) + [1] * (len(obs1) + n2) + [2] * len(obs2)
+    assert len(ep.ids) == len(ep.loss_mask) == len(ep.sampler_logp) == len(ep.turn_id)
+    # junctions: the newline after a sampled <|im_end|>, and <|im_end|> closing a cut response
+    assert obs1[0] == t.encode("\n")[0] and t.decode(obs1).startswith("\n<|im_start|>user\n<tool_response>\n")
+    assert obs2[0] == t.im_end_id
+    assert t.decode(obs2).endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    # the whole episode is the template's rendering of the conversation
+    assert t.decode(ep.ids) == chat.render(ep.messages, TOOLS, add_generation_prompt=True)
+    assert ep.messages[2]["content"].endswith("</tool_call>") and ep.messages[-2:][0]["role"] == "tool"
+
+
+def test_prefix_violations_raise(tok, tmp_path):
+    chat = ChatFormat(tok)
+    ep = EpisodeBuilder(chat, PROMPT)
+    with pytest.raises(PrefixError, match="prefix property"):
+        ep.append_sampled([5], [0.0], context=len(ep) - 1)
+    with pytest.raises(PrefixError, match="prefix property"):
+        ep.append_sampled([5], [0.0], context=ep.ids[:-1] + [ep.ids[-1] + 1])
+    with pytest.raises(ValueError, match="2 ids but 1 logps"):
+        ep.append_sampled([5, 6], [0.0])
+    with pytest.raises(ValueError, match="no tool responses"):
+        ep.append_observation([])
+
+    # A Qwen3-style template drops earlier reasoning from assistant turns: history is rewritten,
+    # so the tokens the model conditioned on are no longer a prefix of the rendering.
+    tok.hf.save_pretrained(str(tmp_path))
+    thinking = load_tokenizer(str(tmp_path))
+    thinking.hf.chat_template = tok.hf.chat_template.replace(
+        "'\\n' + message.content + '<|im_end|>'", "'\\n' + message.content.split('</think>')[-1].lstrip('\\n') + '<|im_end|>'")
+    assert thinking.hf.chat_template != tok.hf.chat_template
+    ep = EpisodeBuilder(ChatFormat(thinking, use_tokenizer_template=True), PROMPT)
+    sampled = thinking.encode("<think>\nlow = mid loops</think>\n" + format_tool_call("run_tests", {}) + IM_END)
+    ep.append_sampled(sampled, [0.0] * len(sampled), context=len(ep))
+    with pytest.raises(PrefixError, match="turn 1.*<think>"):
+        ep.append_observation("1 failed")
