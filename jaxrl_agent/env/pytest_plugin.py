@@ -9,7 +9,7 @@ comes from). The plugin here adds what a plain pytest run cannot give a judge:
 - a tamper check: the identities of the callables in `builtins`, `pytest`/`_pytest`,
   `pluggy` and `unittest` (module attributes and class attributes) are snapshotted before
   collection imports any agent code and compared at the end of the session;
-- optional per-test timeouts (SIGALRM), so one looping test fails alone with a clear message;
+- optional per-test CPU-time limits (SIGPROF), so one looping test fails alone with a clear message;
 - in-memory test modules: files named in `memory_files` are compiled from sources held in
   memory (the copies on disk are placeholders), so code under test cannot read them from disk.
 
@@ -49,7 +49,7 @@ def _failure_text(report) -> str:
 
 # ---- tamper snapshot ----
 
-_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "unittest")
+_WATCHED_PREFIXES = ("pytest", "_pytest", "pluggy", "unittest", "jaxrl_agent")
 
 
 def _snapshot() -> dict[str, int]:
@@ -147,13 +147,15 @@ class _Reporter:
         def _alarm(signum, frame):
             raise TimeoutError(f"test timed out after {timeout:g}s (infinite loop?)")
 
-        old = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        # CPU time (ITIMER_PROF), not wall time: a loop burns CPU, while a loaded machine
+        # only delays a correct test; sleeping code is left to the sandbox's wall timeout.
+        old = signal.signal(signal.SIGPROF, _alarm)
+        signal.setitimer(signal.ITIMER_PROF, timeout)
         try:
             yield
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGPROF, old)
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or report.outcome != "passed":

@@ -211,7 +211,7 @@ class Sandbox:
           timeout_s: wall-clock limit (default: the pool's `timeout_s`).
           memory_files: relative path -> test source, collected by pytest from memory (the
             file on disk is a placeholder), so the code under test cannot read them.
-          test_timeout_s: per-test limit for in-process pytest runs (SIGALRM).
+          test_timeout_s: per-test CPU-time limit for in-process pytest runs (SIGPROF).
         """
         bad = self._check_request(workspace_dir, argv, timeout_s, memory_files)
         if bad:

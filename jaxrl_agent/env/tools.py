@@ -1,0 +1,406 @@
+"""Agent tools over a per-episode workspace, their schemas, and the tool-call parser (HOST).
+
+Text format (Qwen2.5 / Hermes): the assistant writes
+    <tool_call>
+    {"name": "read_file", "arguments": {"path": "bsearch.py"}}
+    </tool_call>
+and the harness answers with the tool's result text (wrapped in <tool_response> by the
+chat layer, not here). One call per assistant message. Results are short, deterministic
+plain text: tiny models are trained on them.
+
+Every bad input becomes an error text and the episode goes on (DESIGN §7): malformed JSON,
+unknown tool, missing/extra/mistyped arguments, oversized arguments, paths outside the
+workspace, an `old` text that is missing or not unique. Interface errors (the call never
+reached a tool: `ParseError.kind`) count towards `ToolConfig.max_parse_errors` in a row,
+which ends the episode with termination "parse_error_limit".
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+# ---- schemas ----
+
+TOOL_SCHEMAS: list[dict] = [
+    {"type": "function", "function": {
+        "name": "list_files", "description": "List the files in the repository.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+    {"type": "function", "function": {
+        "name": "read_file",
+        "description": "Show a file with line numbers (optionally only lines start..end).",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "File path, relative to the repository."},
+            "start_line": {"type": "integer", "description": "First line to show (1-based)."},
+            "end_line": {"type": "integer", "description": "Last line to show (inclusive)."}},
+            "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "str_replace",
+        "description": "Replace the text `old` (which must occur exactly once) with `new`.",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "File path, relative to the repository."},
+            "old": {"type": "string", "description": "Exact text to replace (unique)."},
+            "new": {"type": "string", "description": "Replacement text."}},
+            "required": ["path", "old", "new"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests",
+        "description": "Run the repository's tests; shows a summary and the first failure.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+    {"type": "function", "function": {
+        "name": "submit", "description": "Submit the current code and end the episode.",
+        "parameters": {"type": "object", "properties": {}, "required": []}}},
+]
+
+# One line per tool, for the short system prompt of tiny models (DESIGN §7).
+TOOL_DESCRIPTIONS = "\n".join([
+    "list_files() - list the files",
+    "read_file(path, start_line?, end_line?) - show numbered lines",
+    "str_replace(path, old, new) - replace the unique text old with new",
+    "run_tests() - run the tests",
+    "submit() - finish",
+])
+
+_SPECS = {s["function"]["name"]: s["function"]["parameters"] for s in TOOL_SCHEMAS}
+_PY_TYPES = {"string": str, "integer": int}
+
+
+@dataclass(frozen=True)
+class ToolConfig:
+    """Limits of the tool layer (token limits are the rollout's)."""
+
+    max_turns: int = 12
+    """Assistant messages before the episode ends with "max_turns"."""
+    max_parse_errors: int = 3
+    """Interface errors in a row before the episode ends with "parse_error_limit"."""
+    max_arg_chars: int = 4000
+    """Longest accepted string argument (an oversized one is an interface error)."""
+    max_output_chars: int = 2000
+    """Tool results longer than this are truncated."""
+    test_timeout_s: float = 1.0
+    """Per-test limit of `run_tests` (a looping test fails alone, quickly)."""
+    run_timeout_s: float = 10.0
+    """Wall limit of one `run_tests` call."""
+
+
+# ---- parsing ----
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """An interface error; `message` is what the model sees."""
+
+    kind: str
+    """no_call | multiple_calls | malformed_json | bad_structure | unknown_tool |
+    bad_arguments | oversized"""
+    message: str
+
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def format_tool_call(name: str, arguments: dict | None = None) -> str:
+    """The exact text of one call, as Qwen2.5's chat template renders it."""
+    body = json.dumps({"name": name, "arguments": arguments or {}}, ensure_ascii=False)
+    return f"{OPEN}\n{body}\n{CLOSE}"
+
+
+def parse_tool_call(text, max_arg_chars: int = 4000) -> ToolCall | ParseError:
+    """Extract and validate the single tool call in `text`; never raises."""
+    try:
+        return _parse(text, max_arg_chars)
+    except Exception as e:  # noqa: BLE001 - defensive: the parser must never crash a rollout
+        return ParseError("malformed_json", f"Error: could not parse the tool call ({type(e).__name__}).")
+
+
+def _parse(text, max_arg_chars: int) -> ToolCall | ParseError:
+    if not isinstance(text, str):
+        return ParseError("no_call", "Error: expected text containing a tool call.")
+    n_open = text.count(OPEN)
+    if n_open == 0:
+        return ParseError("no_call", f"Error: no tool call found. Write {OPEN}"
+                          '{"name": ..., "arguments": {...}}' f"{CLOSE}.")
+    if n_open > 1:
+        return ParseError("multiple_calls", "Error: write exactly one tool call per message.")
+    body = text.split(OPEN, 1)[1]
+    if CLOSE in body:
+        body = body.split(CLOSE, 1)[0]
+    body = body.strip()
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, RecursionError) as e:
+        msg = getattr(e, "msg", "too deeply nested")
+        return ParseError("malformed_json", f"Error: the tool call is not valid JSON ({msg}).")
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return ParseError("bad_structure", 'Error: a tool call is {"name": <tool name>, '
+                          '"arguments": {...}}.')
+    extra = set(obj) - {"name", "arguments"}
+    if extra:
+        return ParseError("bad_structure", f"Error: unexpected key(s) {sorted(extra)} in the "
+                          'tool call; use only "name" and "arguments".')
+    name, args = obj["name"], obj.get("arguments", {})
+    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            return ParseError("malformed_json", "Error: the arguments are not valid JSON.")
+    if not isinstance(args, dict):
+        return ParseError("bad_structure", "Error: arguments must be a JSON object.")
+    if name not in _SPECS:
+        return ParseError("unknown_tool", f"Error: unknown tool {name[:60]!r}. Tools: "
+                          + ", ".join(_SPECS) + ".")
+    spec = _SPECS[name]
+    props, required = spec["properties"], spec["required"]
+    missing = [a for a in required if a not in args]
+    if missing:
+        return ParseError("bad_arguments", f"Error: {name} is missing argument(s): "
+                          + ", ".join(missing) + ".")
+    unknown = sorted(set(args) - set(props))
+    if unknown:
+        allowed = ", ".join(props) or "none"
+        return ParseError("bad_arguments", f"Error: {name} got unexpected argument(s): "
+                          f"{', '.join(a[:40] for a in unknown)} (allowed: {allowed}).")
+    for a, v in args.items():
+        want = _PY_TYPES[props[a]["type"]]
+        if not isinstance(v, want) or isinstance(v, bool):
+            return ParseError("bad_arguments", f"Error: argument {a} of {name} must be "
+                              f"{'a string' if want is str else 'an integer'}.")
+        if want is str and len(v) > max_arg_chars:
+            return ParseError("oversized", f"Error: argument {a} is too long ({len(v)} > "
+                              f"{max_arg_chars} characters).")
+    return ToolCall(name, dict(args))
+
+
+# ---- workspace helpers ----
+
+
+class ToolError(Exception):
+    """A tool was called correctly but could not act (file missing, old not unique, ...)."""
+
+
+def resolve(workspace: str, path: str) -> str:
+    """Absolute path of a regular file inside `workspace`; ToolError if it is not one."""
+    if not path or "\x00" in path or "\\" in path:
+        raise ToolError(f"Error: invalid path {path[:80]!r}.")
+    if os.path.isabs(path) or ".." in path.split("/"):
+        raise ToolError(f"Error: path {path[:80]!r} is outside the repository "
+                        "(use a relative path without '..').")
+    root = os.path.realpath(workspace)
+    full = os.path.realpath(os.path.join(root, path))
+    if os.path.commonpath([root, full]) != root:
+        raise ToolError(f"Error: path {path[:80]!r} is outside the repository.")
+    if not os.path.isfile(full):
+        raise ToolError(f"Error: no file {path[:80]!r}. Use list_files to see the files.")
+    return full
+
+
+def list_workspace(workspace: str) -> list[str]:
+    """Sorted relative paths of the regular files (caches skipped, symlinks not followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache")
+                             and not os.path.islink(os.path.join(dirpath, d)))
+        for f in filenames:
+            p = os.path.join(dirpath, f)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out.append(os.path.relpath(p, workspace).replace(os.sep, "/"))
+    return sorted(out)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temporary file and rename: readers never see half a file, and a
+    hard-linked copy (cheap per-episode workspaces) is unlinked rather than shared."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def create_workspaces(files: dict[str, str], root: str, n: int) -> list[str]:
+    """`n` independent workspaces with `files` under `root` (a hard-link farm).
+
+    The files are written once into `root/base`; each `root/ep{i}` hard-links them, so a
+    GRPO group of episodes fans out in microseconds. Tools write atomically, so an edit in
+    one episode replaces that episode's link and never shows in the others.
+    """
+    base = os.path.join(root, "base")
+    for rel, text in files.items():
+        p = os.path.join(base, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+    dirs = []
+    for i in range(n):
+        d = os.path.join(root, f"ep{i}")
+        for rel in files:
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            os.link(os.path.join(base, rel), os.path.join(d, rel))
+        dirs.append(d)
+    return dirs
+
+
+# ---- tool implementations ----
+
+
+@dataclass
+class ToolResult:
+    text: str
+    """What the model sees (already truncated)."""
+    ok: bool = True
+    """False when the tool reported an error (behaviour level: missing file, bad `old`)."""
+    done: bool = False
+    termination: str | None = None
+    """"submitted" or "sandbox_error" when the tool ends the episode."""
+
+
+class Tools:
+    """The DESIGN §7 tools over one episode's workspace directory."""
+
+    def __init__(self, workspace: str, test_files: list[str], sandbox=None,
+                 cfg: ToolConfig = ToolConfig()):
+        self.workspace, self.test_files, self.sandbox, self.cfg = (
+            workspace, list(test_files), sandbox, cfg)
+
+    def __call__(self, call: ToolCall) -> ToolResult:
+        try:
+            res = getattr(self, "_" + call.name)(**call.arguments)
+        except ToolError as e:
+            res = ToolResult(str(e), ok=False)
+        except (OSError, UnicodeDecodeError) as e:
+            res = ToolResult(f"Error: {type(e).__name__}: {e}", ok=False)
+        if len(res.text) > self.cfg.max_output_chars:
+            res.text = res.text[: self.cfg.max_output_chars] + "\n...(output truncated)"
+        return res
+
+    def _list_files(self) -> ToolResult:
+        return ToolResult("\n".join(list_workspace(self.workspace)) or "(no files)")
+
+    def _read_file(self, path: str, start_line: int | None = None,
+                   end_line: int | None = None) -> ToolResult:
+        with open(resolve(self.workspace, path), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        start = 1 if start_line is None else start_line
+        end = len(lines) if end_line is None else min(end_line, len(lines))
+        if start < 1 or (lines and start > len(lines)) or end < start - 1:
+            raise ToolError(f"Error: bad line range {start}..{end_line}; {path} has "
+                            f"{len(lines)} lines.")
+        if not lines:
+            return ToolResult(f"({path} is empty)")
+        return ToolResult("\n".join(f"{i}| {lines[i - 1]}" for i in range(start, end + 1)))
+
+    def _str_replace(self, path: str, old: str, new: str) -> ToolResult:
+        full = resolve(self.workspace, path)
+        if not old:
+            raise ToolError("Error: old must not be empty.")
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+        count = text.count(old)
+        if count == 0:
+            raise ToolError(f"Error: old text not found in {path}. Copy it exactly from "
+                            "read_file (without the line numbers).")
+        if count > 1:
+            raise ToolError(f"Error: old text occurs {count} times in {path}; include more "
+                            "surrounding lines to make it unique.")
+        line = text[: text.index(old)].count("\n") + 1
+        write_atomic(full, text.replace(old, new, 1))
+        return ToolResult(f"Edited {path} at line {line}.")
+
+    def _run_tests(self) -> ToolResult:
+        if self.sandbox is None:
+            raise ToolError("Error: run_tests is not available in this environment.")
+        res = self.sandbox.run(self.workspace, [sys.executable, "-m", "pytest", "-q",
+                                                *self.test_files],
+                               timeout_s=self.cfg.run_timeout_s,
+                               test_timeout_s=self.cfg.test_timeout_s)
+        if res.error:
+            return ToolResult(f"Error: the test run failed ({res.error}).", ok=False, done=True,
+                              termination="sandbox_error")
+        return ToolResult(summarize_tests(res))
+
+    def _submit(self) -> ToolResult:
+        return ToolResult("Submitted.", done=True, termination="submitted")
+
+
+def summarize_tests(res) -> str:
+    """Counts and the first failure of a sandboxed pytest run, in a few lines."""
+    if res.timed_out:
+        return "Tests timed out (the whole run took too long)."
+    recs = [r for r in (res.tests or []) if r.get("event") == "test"]
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    if not recs:
+        tail = (res.stdout or res.stderr).strip().splitlines()[-3:]
+        return "No tests ran." + ("\n" + "\n".join(tail) if tail else "")
+    order = ("passed", "failed", "error", "skipped")
+    head = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+    bad = [r for r in recs if r["outcome"] in ("failed", "error")]
+    if not bad:
+        return head + "."
+    first = bad[0]
+    name = first["id"].split("::")[-1]
+    label = "ERROR collecting" if first["when"] == "collect" else "FAILED"
+    return f"{head}.\n{label} {name}: {first['message'].strip()[:400]}"
+
+
+# ---- one episode ----
+
+
+@dataclass
+class StepResult:
+    observation: str
+    """Tool result (or interface error) text for the model."""
+    done: bool
+    termination: str | None
+    call: ToolCall | None
+    error: ParseError | None = None
+    tool_ok: bool = True
+
+
+@dataclass
+class ToolSession:
+    """Turns assistant messages into tool calls and results, enforcing the episode limits.
+
+    `step(text)` parses one assistant message, runs the tool, and reports whether the
+    episode ended and why ("submitted", "max_turns", "parse_error_limit", "sandbox_error").
+    """
+
+    tools: Tools
+    cfg: ToolConfig = ToolConfig()
+    turns: int = 0
+    parse_errors_in_row: int = 0
+    termination: str | None = None
+    history: list = field(default_factory=list)
+
+    def step(self, text: str) -> StepResult:
+        if self.termination is not None:
+            raise RuntimeError(f"episode already ended ({self.termination})")
+        self.turns += 1
+        call = parse_tool_call(text, self.cfg.max_arg_chars)
+        if isinstance(call, ParseError):
+            self.parse_errors_in_row += 1
+            done = self.parse_errors_in_row >= self.cfg.max_parse_errors
+            out = StepResult(call.message, done, "parse_error_limit" if done else None, None,
+                             call, tool_ok=False)
+        else:
+            self.parse_errors_in_row = 0
+            res = self.tools(call)
+            out = StepResult(res.text, res.done, res.termination, call, None, res.ok)
+        if not out.done and self.turns >= self.cfg.max_turns:
+            out.done, out.termination = True, "max_turns"
+        self.termination = out.termination if out.done else None
+        self.history.append((text, out))
+        return out
