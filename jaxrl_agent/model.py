@@ -1,6 +1,6 @@
 """DEVICE: the Flax NNX decoder policy for the Llama-3 / Qwen2 / Qwen3 family.
 
-One module covers the three families (DESIGN §5): RMSNorm, RoPE (plain or Llama-3 scaled),
+One module covers the three families (DESIGN §5; building blocks in `layers.py`): RMSNorm, RoPE (plain or Llama-3 scaled),
 grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v biases (Qwen2),
 optional per-head q/k RMSNorm (Qwen3), and an optional scalar value head (critic).
 
@@ -27,9 +27,8 @@ from flax import nnx
 
 from jaxrl_agent import kv_cache
 from jaxrl_agent.kv_cache import KVCache
+from jaxrl_agent.layers import apply_rope, attention, lead_axes, rms_norm, rope_tables
 from jaxrl_agent.structs import PolicyOutputs
-
-_MASKED = -1e30  # finite, so a query with no visible key gets a uniform (not NaN) softmax
 
 
 @dataclass(frozen=True)
@@ -89,21 +88,6 @@ class ModelConfig:
 # ---- pure helpers --------------------------------------------------------------------------
 
 
-def _lead(w: jax.Array, ndim: int) -> jax.Array:
-    """Prepend unit axes so `w` broadcasts explicitly (the tests forbid rank promotion)."""
-    return w.reshape((1,) * (ndim - w.ndim) + w.shape)
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis, statistics in float32, as `transformers` does.
-
-    Args: x `[..., N]`, weight `[N]`. Returns `[..., N]` in x's dtype.
-    """
-    x32 = x.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return _lead(weight, x.ndim) * x32.astype(x.dtype)
-
-
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     """Inverse RoPE frequencies `[Dh / 2]` float32 (Llama-3 scaled when rope_type == llama3)."""
     inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
@@ -122,39 +106,6 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     blended = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
     medium = (wavelen >= high_wl) & (wavelen <= low_wl)
     return jnp.where(medium, blended, scaled)
-
-
-def rope_tables(inv_freq: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """cos, sin `[B, T, Dh]` float32 for int positions `[B, T]` (half-split layout of HF)."""
-    freqs = positions.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate `[B, T, N, Dh]` by cos/sin `[B, T, Dh]` (rotate_half convention, x's dtype)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
-    return x * cos + rotated * sin
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query softmax attention.
-
-    Args:
-      q: `[B, T, H, Dh]`; k, v: `[B, S, K, Dh]` with H % K == 0.
-      mask: bool `[B, T, S]`, True where query t may attend to key s.
-    Returns:
-      `[B, T, H, Dh]` in v's dtype. Scores and softmax in float32.
-    """
-    b, t, h, dh = q.shape
-    kv = k.shape[2]
-    qg = q.reshape(b, t, kv, h // kv, dh)  # query head h uses kv head h // (H / K), as HF
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
-    s = jnp.where(mask[:, None, None, :, :], s, _MASKED)
-    w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", w, v).reshape(b, t, h, dh)
 
 
 def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -284,7 +235,7 @@ class CausalLM(nnx.Module):
         k = jnp.einsum("btd,dhk->bthk", h, p["wk"])
         v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
         if cfg.qkv_bias:
-            q, k, v = q + _lead(p["bq"], 4), k + _lead(p["bk"], 4), v + _lead(p["bv"], 4)
+            q, k, v = q + lead_axes(p["bq"], 4), k + lead_axes(p["bk"], 4), v + lead_axes(p["bv"], 4)
         if cfg.qk_norm:
             q, k = rms_norm(q, p["q_norm"], cfg.rms_norm_eps), rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -292,7 +243,7 @@ class CausalLM(nnx.Module):
     def _finish_block(self, p, x, attn):
         cfg = self.config
         out = jnp.einsum("bthk,hkd->btd", attn, p["wo"])
-        x = x + (out + _lead(p["bo"], 3) if cfg.o_bias else out)
+        x = x + (out + lead_axes(p["bo"], 3) if cfg.o_bias else out)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
         gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, p["w_gate"]))
         up = jnp.einsum("btd,df->btf", h, p["w_up"])
@@ -376,7 +327,7 @@ class CausalLM(nnx.Module):
         slots = kv_cache.append_slots(cache.lengths, t)  # [B, T]
         cos, sin = rope_tables(rope_inv_freq(self.config), slots)
         mask = kv_cache.cached_attention_mask(slots, cache.capacity)  # [B, T, S]
-        layers = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+        layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
 
         def body(carry, xs):
             x, ks, vs = carry
@@ -386,7 +337,7 @@ class CausalLM(nnx.Module):
             vs = kv_cache.write_layer(vs, layer, slots, v)
             return (self._finish_block(p, x, attention(q, ks[layer], vs[layer], mask)), ks, vs), None
 
-        x, ks, vs = self._scan(body, (self._get("embed")[tokens], cache.k, cache.v), (self._layer_params(), layers))
+        x, ks, vs = self._scan(body, (self._get("embed")[tokens], cache.k, cache.v), (self._layer_params(), layer_ids))
         hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
         lengths = cache.lengths + jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
         return hidden, KVCache(k=ks, v=vs, lengths=lengths)
