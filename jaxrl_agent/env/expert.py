@@ -1,0 +1,198 @@
+"""Scripted demonstrator: solves tasks through the real tools and tool-call text (HOST).
+
+`run_expert(task, workspace, sandbox, style, rng)` plays one episode exactly as a policy
+would: every assistant message is one `format_tool_call(...)` text, every observation is
+the real tool result from a `ToolSession`, and the final workspace is scored by the
+verifier. The transcript is therefore a valid SFT episode.
+
+The expert knows the fix (it diffs the workspace against `task.reference_files`), and its
+styles add the imperfections real demonstrations have:
+- "perfect": read, run the tests, fix every bug, run the tests again, submit;
+- "skip_tests": read, fix, submit without ever running the tests;
+- "first_bug_only": fix only the first differing block, then submit;
+- "wrong_first_edit": make a plausible but wrong first edit, run the tests, and recover
+  (fix everything, re-run, submit) only if the run shows a failure.
+
+Measure the success rate per style: `python -m jaxrl_agent.env.expert --n 40`.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import random
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+from jaxrl_agent.env.tasks import Task, generate_tasks
+from jaxrl_agent.env.tools import (ToolConfig, Tools, ToolSession, create_workspaces,
+                                   format_tool_call)
+from jaxrl_agent.env.verifier import verify
+
+STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit")
+
+
+@dataclass
+class Transcript:
+    """One demonstrated episode."""
+
+    task_id: str
+    style: str
+    turns: list[tuple[str, str]] = field(default_factory=list)
+    """(assistant text = one tool call, tool result text) per turn."""
+    termination: str | None = None
+    reward: float = 0.0
+    verify_info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- edit planning ----
+
+
+def _edits(current: str, reference: str) -> list[tuple[str, str]]:
+    """(old, new) str_replace pairs turning `current` into `reference`, one per differing
+    block, each `old` grown with context lines until it is unique in `current`."""
+    cur, ref = current.splitlines(keepends=True), reference.splitlines(keepends=True)
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=cur, b=ref, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        lo, hi = i1, i2
+        if lo == hi:  # pure insertion: anchor on a neighbouring line
+            lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
+        while True:
+            old = "".join(cur[lo:hi])
+            if current.count(old) == 1 or (lo == 0 and hi == len(cur)):
+                break
+            lo, hi = max(lo - 1, 0), min(hi + 1, len(cur))
+        new = "".join(cur[lo:i1]) + "".join(ref[j1:j2]) + "".join(cur[i2:hi])
+        out.append((old, new))
+    return out
+
+
+_MUTATIONS = ((" + 1", " + 2"), (" - 1", " - 2"), ("<=", "<"), (">=", ">"), (" < ", " <= "),
+              (" > ", " >= "), ("[:", "[1:"), ("0", "1"))
+
+
+def _wrong(new: str, old: str) -> str | None:
+    """A plausible but wrong variant of the correct text `new` (None if none found)."""
+    for a, b in _MUTATIONS:
+        if a in new:
+            cand = new.replace(a, b, 1)
+            if cand not in (new, old):
+                return cand
+    return None
+
+
+# ---- one episode ----
+
+
+def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
+               rng: random.Random | None = None, cfg: ToolConfig = ToolConfig()) -> Transcript:
+    """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests)."""
+    if style not in STYLES:
+        raise ValueError(f"unknown expert style {style!r}; expected one of {STYLES}")
+    rng = rng or random.Random(0)
+    session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg)
+    tr = Transcript(task.task_id, style)
+
+    def act(name: str, **args) -> str:
+        if session.termination is not None:
+            return ""
+        text = format_tool_call(name, args)
+        res = session.step(text)
+        tr.turns.append((text, res.observation))
+        return res.observation
+
+    def current(path: str) -> str:
+        with open(os.path.join(workspace, path), encoding="utf-8") as f:
+            return f.read()
+
+    def fix(limit: int | None = None) -> None:
+        done = 0
+        for path in sorted(task.reference_files):
+            for old, new in _edits(current(path), task.reference_files[path]):
+                if limit is not None and done >= limit:
+                    return
+                act("str_replace", path=path, old=old, new=new)
+                done += 1
+
+    # ---- look around ----
+    if rng.random() < 0.5:
+        act("list_files")
+    for path in sorted(task.reference_files):
+        act("read_file", path=path)
+    if style != "skip_tests":
+        act("run_tests")
+    # ---- edit ----
+    if style == "wrong_first_edit":
+        path = sorted(task.reference_files)[0]
+        plan = _edits(current(path), task.reference_files[path])
+        wrong = _wrong(plan[0][1], plan[0][0]) if plan else None
+        if wrong is not None:
+            act("str_replace", path=path, old=plan[0][0], new=wrong)
+            result = act("run_tests")
+            if "failed" in result or "error" in result or "timed out" in result:
+                fix()  # recovery: the failing run says the edit was wrong
+        else:
+            fix()
+    elif style == "first_bug_only":
+        fix(limit=1)
+    else:
+        fix()
+    if style in ("perfect", "wrong_first_edit") and session.termination is None and \
+            tr.turns and "str_replace" in tr.turns[-1][0]:
+        act("run_tests")
+    act("submit")
+    # ---- score ----
+    tr.termination = session.termination
+    vr = verify(task, workspace, sandbox)
+    tr.reward, tr.verify_info = vr.reward, vr.info
+    return tr
+
+
+def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
+            cfg: ToolConfig = ToolConfig()) -> dict[str, dict]:
+    """Success rate, mean turns and terminations per style over `tasks`."""
+    out = {}
+    for style in styles:
+        rewards, turns, terms = [], [], {}
+        with tempfile.TemporaryDirectory() as root:
+            for i, task in enumerate(tasks):
+                ws = create_workspaces({**task.files, **task.dev_tests},
+                                       os.path.join(root, str(i)), 1)[0]
+                tr = run_expert(task, ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg)
+                rewards.append(tr.reward)
+                turns.append(len(tr.turns))
+                terms[tr.termination] = terms.get(tr.termination, 0) + 1
+        out[style] = dict(success_rate=sum(rewards) / max(len(rewards), 1), n=len(rewards),
+                          mean_turns=sum(turns) / max(len(turns), 1), terminations=terms)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    from jaxrl_agent.env.sandbox import Sandbox
+
+    p = argparse.ArgumentParser(description="Expert success rate per imperfection style.")
+    p.add_argument("--split", default="train")
+    p.add_argument("--n", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--out", default=None, help="optional JSON output path")
+    args = p.parse_args(argv)
+    tasks = generate_tasks(args.split, args.n, args.seed)
+    with Sandbox(num_workers=args.workers, timeout_s=20) as sb:
+        res = measure(tasks, sb, seed=args.seed)
+    print(f"{'style':<18} {'success':>8} {'turns':>6}  terminations")
+    for style, r in res.items():
+        print(f"{style:<18} {r['success_rate']:>8.3f} {r['mean_turns']:>6.1f}  {r['terminations']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(split=args.split, n=args.n, seed=args.seed, results=res), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
