@@ -93,7 +93,7 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer):
         self.hf = hf_tokenizer
-        vocab = hf_tokenizer.get_vocab()
+        self._vocab = vocab = hf_tokenizer.get_vocab()  # includes added tokens
         missing = [t for t in (IM_START, IM_END) if t not in vocab]
         if missing:
             raise ValueError(f"tokenizer has no {missing} token(s): it cannot render ChatML")
@@ -118,10 +118,9 @@ class Tokenizer:
 
     def token_id(self, token: str) -> int:
         """The id of a single-token string (e.g. "<tool_call>"); KeyError if not one token."""
-        vocab = self.hf.get_vocab()
-        if token not in vocab:
+        if token not in self._vocab:
             raise KeyError(f"{token!r} is not a single token of this tokenizer")
-        return vocab[token]
+        return self._vocab[token]
 
 
 def load_tokenizer(path: str | None = None) -> Tokenizer:

@@ -112,7 +112,7 @@ def _greedy(model, prompt, steps):
     return np.stack(out, axis=1)
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_export_round_trip_greedy(checkpoints, name, tmp_path):
     """load -> save_pretrained -> transformers.from_pretrained generates our greedy tokens."""
     model, config = hf.load_pretrained(checkpoints[name][1])

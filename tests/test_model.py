@@ -130,6 +130,18 @@ def test_cached_decode_matches_full_forward(fns):
     decode(cache, 3, np.array([1, 1, 1], np.int32))
 
 
+def test_cache_writes_past_capacity_are_dropped_not_clamped():
+    """A right-padded chunk that overhangs the cache end must not overwrite valid slots."""
+    cache = kv_cache.init_cache(1, 1, 4, 1, 2)
+    filled = jnp.arange(8, dtype=jnp.float32).reshape(1, 1, 4, 1, 2)
+    new = jnp.full((1, 3, 1, 2), -1.0)
+    slots = kv_cache.append_slots(jnp.array([3], jnp.int32), 3)  # slots 3, 4, 5 of a 4-slot row
+    out = kv_cache.write_layer(filled, jnp.int32(0), slots, new)
+    np.testing.assert_array_equal(out[0, 0, :3], filled[0, 0, :3])
+    np.testing.assert_array_equal(out[0, 0, 3], new[0, 0])
+    assert cache.capacity == 4
+
+
 def test_cache_capacity_check():
     cache = kv_cache.init_cache(1, 2, 8, 1, 4)
     kv_cache.check_capacity(cache, 8)

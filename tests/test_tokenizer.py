@@ -1,4 +1,5 @@
 """Tests for tokenizer.py: the repo tokenizer, the chat format, the episode builder."""
+import importlib.util
 import json
 import os
 
@@ -8,6 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
 
 from jaxrl_agent.tokenizer import (
+    DEFAULT_TOKENIZER_DIR,
     IM_END,
     ChatFormat,
     EpisodeBuilder,
@@ -149,7 +151,17 @@ def test_repo_tokenizer_is_small_and_has_single_id_markers(tok):
     assert tok.stop_ids == tuple(sorted({tok.im_end_id, tok.token_id("<|endoftext|>")}))
     with pytest.raises(KeyError):
         tok.token_id("not a token at all")
-    assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", "experiments", "build_tokenizer.py"))
+
+
+def test_asset_is_what_the_build_script_builds(tmp_path):
+    """The committed tokenizer is reproducible from experiments/build_tokenizer.py."""
+    script = os.path.join(os.path.dirname(__file__), "..", "experiments", "build_tokenizer.py")
+    spec = importlib.util.spec_from_file_location("build_tokenizer", script)
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    build.build(vocab_size=2048, n_docs=4000, seed=0, out=str(tmp_path))
+    with open(os.path.join(DEFAULT_TOKENIZER_DIR, "tokenizer.json")) as a, open(tmp_path / "tokenizer.json") as b:
+        assert json.load(a) == json.load(b)
 
 
 def test_repo_tokenizer_encodes_task_code_compactly(tok):
