@@ -84,13 +84,16 @@ class MemoryModule(pytest.Module):
 
     def _getobj(self):
         name = self.path.stem
-        tree = ast.parse(self.source, filename=str(self.path))
+        # A filename that is not a real path: tracebacks then never show the placeholder
+        # file's lines against the in-memory line numbers.
+        filename = f"<memory>/{self.path.name}"
+        tree = ast.parse(self.source, filename=filename)
         try:  # assertion rewriting gives the same rich messages as a file on disk
             from _pytest.assertion.rewrite import rewrite_asserts
-            rewrite_asserts(tree, self.source.encode(), str(self.path), self.config)
+            rewrite_asserts(tree, self.source.encode(), filename, self.config)
         except Exception:  # pragma: no cover - rewriting is a nicety, not a requirement
-            tree = ast.parse(self.source, filename=str(self.path))
-        code = compile(tree, str(self.path), "exec", dont_inherit=True)
+            tree = ast.parse(self.source, filename=filename)
+        code = compile(tree, filename, "exec", dont_inherit=True)
         mod = types.ModuleType(name)
         mod.__file__ = str(self.path)
         sys.modules[name] = mod
