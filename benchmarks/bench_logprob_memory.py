@@ -7,7 +7,8 @@ distribution from the final hidden states `[B, T, D]` and the unembedding `[V, D
 Qwen2.5-0.5B-sized trainer holds them):
   naive   — `log_softmax(hidden @ W.T)` over the whole `[B, T, V]` float32 logits, then a
             gather: what one writes by default;
-  chunked — `model.token_logprobs_and_entropy` (lax.map over chunks of positions, each chunk
+  chunked — `model.token_logprobs_and_entropy` (lax.map over chunks of `chunk_size`
+            positions of every row, i.e. [B, chunk, V] logits at a time, each chunk
             rematerialised in the backward pass).
 Memory is XLA's compiled memory analysis of the jitted function (arguments + outputs +
 temporaries - aliased), for the forward pass alone and for forward + backward (gradients
@@ -67,7 +68,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--dim", type=int, default=896)
-    ap.add_argument("--chunks", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[32, 64, 128, 256])
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args()
 

@@ -123,21 +123,23 @@ def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple
 
 
 def token_logprobs_and_entropy(
-    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 512
+    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 64
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies without a `[B, T, V]` float32 log-softmax.
 
     `logp[:, t] = log p(tokens[:, t] | tokens[:, :t])` is read from the logits of position
     t - 1, so `logp[:, 0] = 0`; `entropy[:, t]` is the entropy of that same distribution
-    (`entropy[:, 0] = 0`). The B*T positions are processed in chunks of `chunk_size` with
-    `lax.map`; each chunk is `jax.checkpoint`ed so the backward pass recomputes its
-    `[chunk, V]` logits instead of storing them. Peak memory is O(chunk_size * V).
+    (`entropy[:, 0] = 0`). The sequence axis is cut into chunks of `chunk_size` positions and
+    `lax.map` walks over them; each `[B, chunk, V]` block of logits is `jax.checkpoint`ed, so
+    the backward pass recomputes it instead of storing it. Peak memory is
+    O(B * chunk_size * V) instead of O(B * T * V). Chunks run over T, never over B, so a
+    batch sharded over data-parallel devices stays sharded inside every chunk.
 
     Args:
       hidden: `[B, T, D]` final (normed) hidden states, `CausalLM.hidden_states`.
       unembedding: `[V, D]` output embedding, `CausalLM.unembedding()`.
       tokens: int32 `[B, T]`.
-      chunk_size: positions per chunk (static).
+      chunk_size: positions of each row per chunk (static); T is padded up to a multiple.
     Returns:
       (logp, entropy), both float32 `[B, T]`.
     """
@@ -146,21 +148,24 @@ def token_logprobs_and_entropy(
     if unembedding.ndim != 2 or unembedding.shape[1] != hidden.shape[2]:
         raise ValueError(f"unembedding {unembedding.shape} must be [V, D={hidden.shape[2]}]")
     b, t, d = hidden.shape
-    n = b * t
-    c = max(1, min(chunk_size, n))
-    num_chunks = -(-n // c)
+    c = max(1, min(chunk_size, t))
+    n = -(-t // c)  # number of chunks
     # targets[:, t] is the token that position t predicts; the last position predicts nothing.
-    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1).reshape(n)
-    h = jnp.pad(hidden.reshape(n, d), ((0, num_chunks * c - n), (0, 0))).reshape(num_chunks, c, d)
-    y = jnp.pad(targets, (0, num_chunks * c - n)).reshape(num_chunks, c)
+    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
+    h = jnp.pad(hidden, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d).transpose(1, 0, 2, 3)  # [n, B, C, D]
+    y = jnp.pad(targets, ((0, 0), (0, n * c - t))).reshape(b, n, c).transpose(1, 0, 2)  # [n, B, C]
 
     @jax.checkpoint
     def chunk(h_c, y_c):
-        logits = jnp.einsum("cd,vd->cv", h_c, unembedding, preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bcd,vd->bcv", h_c, unembedding, preferred_element_type=jnp.float32)
         return logp_and_entropy_from_logits(logits, y_c)
 
-    lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))
-    lp, ent = lp.reshape(-1)[:n].reshape(b, t), ent.reshape(-1)[:n].reshape(b, t)
+    lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))  # [n, B, C] each
+
+    def unchunk(x):
+        return x.transpose(1, 0, 2).reshape(b, n * c)[:, :t]
+
+    lp, ent = unchunk(lp), unchunk(ent)
     zero = jnp.zeros((b, 1), jnp.float32)
     return jnp.concatenate([zero, lp[:, :-1]], 1), jnp.concatenate([zero, ent[:, :-1]], 1)
 
@@ -365,7 +370,7 @@ class CausalLM(nnx.Module):
 
 
 def policy_outputs(
-    model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 512
+    model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 64
 ) -> PolicyOutputs:
     """Everything a loss needs from one forward pass of `model` over a padded batch.
 
