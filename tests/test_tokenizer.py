@@ -153,6 +153,18 @@ def test_repo_tokenizer_is_small_and_has_single_id_markers(tok):
         tok.token_id("not a token at all")
 
 
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        load_tokenizer(str(tmp_path / "missing"))
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel()
+    raw.train_from_iterator(["plain text only"], trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    with pytest.raises(ValueError, match="cannot render ChatML"):
+        load_tokenizer(str(tmp_path))
+
+
 def test_asset_is_what_the_build_script_builds(tmp_path):
     """The committed tokenizer is reproducible from experiments/build_tokenizer.py."""
     script = os.path.join(os.path.dirname(__file__), "..", "experiments", "build_tokenizer.py")
