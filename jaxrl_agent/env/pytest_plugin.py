@@ -7,8 +7,10 @@ comes from). The plugin here adds what a plain pytest run cannot give a judge:
 - per-test outcome records written to a private pipe, each tagged with a per-call nonce, so
   text the untrusted code prints (or writes to a guessed fd) cannot forge a result;
 - a tamper check: the identities of the callables in `builtins`, `pytest`/`_pytest`,
-  `pluggy` and `unittest` (module attributes and class attributes) are snapshotted before
-  collection imports any agent code and compared at the end of the session;
+  `pluggy`, `unittest` and this package (module and class attributes) are snapshotted
+  before collection imports any agent code and compared at the end of the session; the
+  functions of in-memory test modules must still run their original code objects;
+- the pid of the writer in every record, so a forked copy of the session is visible;
 - optional per-test CPU-time limits (SIGPROF), so one looping test fails alone with a clear message;
 - in-memory test modules: files named in `memory_files` are compiled from sources held in
   memory (the copies on disk are placeholders), so code under test cannot read them from disk.
@@ -81,6 +83,7 @@ class MemoryModule(pytest.Module):
     """A test module whose source comes from memory, not from the (placeholder) file."""
 
     source: str = ""
+    reporter = None  # the _Reporter that checks this module's functions at the end
 
     def _getobj(self):
         name = self.path.stem
@@ -97,7 +100,12 @@ class MemoryModule(pytest.Module):
         mod = types.ModuleType(name)
         mod.__file__ = str(self.path)
         sys.modules[name] = mod
+        # The code objects of the module's own top-level functions, taken from the compiled
+        # code (not from the module dict, which the code under test could already reach).
+        originals = {c.co_name: c for c in code.co_consts if isinstance(c, types.CodeType)}
         exec(code, mod.__dict__)
+        if self.reporter is not None:  # only fully imported modules are checked at the end
+            self.reporter.watch_module(mod, originals)
         return mod
 
 
@@ -112,12 +120,29 @@ class _Reporter:
         # Bind what we use now: later monkeypatching of os/json by agent code cannot
         # redirect these references.
         self._write, self._dumps, self._fd, self._nonce = os.write, json.dumps, fd, nonce
+        self._getpid = os.getpid
         self._memory = dict(memory_files)
         self._timeout = test_timeout_s
         self._before: dict[str, int] = {}
+        self._modules: list[tuple[types.ModuleType, dict]] = []
+
+    def watch_module(self, mod: types.ModuleType, originals: dict) -> None:
+        self._modules.append((mod, originals))
+
+    def _module_tampering(self) -> list[str]:
+        """In-memory test modules whose own functions were replaced (e.g. a helper
+        patched to always return True by the code under test)."""
+        bad = []
+        for mod, originals in self._modules:
+            for name, code in originals.items():
+                obj = vars(mod).get(name)
+                if getattr(obj, "__code__", None) is not code:
+                    bad.append(f"{mod.__name__}.{name}")
+        return bad
 
     def _emit(self, **rec) -> None:
         rec["nonce"] = self._nonce
+        rec["pid"] = self._getpid()  # a forked copy of the session shows up as another pid
         try:
             self._write(self._fd, (self._dumps(rec) + "\n").encode())
         except OSError:
@@ -132,6 +157,7 @@ class _Reporter:
         if rel in self._memory:
             mod = MemoryModule.from_parent(parent, path=module_path)
             mod.source = self._memory[rel]
+            mod.reporter = self
             return mod
         return None
 
@@ -168,8 +194,8 @@ class _Reporter:
                        message="" if report.passed else _failure_text(report))
 
     def pytest_sessionfinish(self, session, exitstatus):
-        self._emit(event="end", exitstatus=int(exitstatus),
-                   tampered=_diff(self._before, _snapshot())[:10])
+        tampered = _diff(self._before, _snapshot()) + self._module_tampering()
+        self._emit(event="end", exitstatus=int(exitstatus), tampered=tampered[:10])
 
 
 def run_pytest(args: list[str], report_fd: int, nonce: str,

@@ -12,7 +12,8 @@
    ids come from a run of the same hidden tests on `task.reference_files` (cached per
    task). A collection error, a timeout, a crash, any exit-code trick (no end-of-session
    record), a missing test, a forged report line, or tampering with builtins / pytest /
-   unittest (identity snapshot, see `pytest_plugin`) gives 0.0.
+   unittest or the test module's own helpers (see `pytest_plugin`), or a forked copy of
+   the test session gives 0.0.
 
 The hidden tests of generated tasks compare with exact types (`tasks.same`), which defeats
 objects whose `__eq__` always returns True. `info` says why (never affects the reward).
@@ -85,7 +86,8 @@ def _analyse(res: RunResult) -> dict:
             failures.append({"test": r.get("id"), "when": r.get("when"),
                              "outcome": r.get("outcome"), "message": str(r.get("message"))[:300]})
     return dict(passed=passed, failures=failures, end=end,
-                tampered=(end or {}).get("tampered") or [])
+                tampered=(end or {}).get("tampered") or [],
+                pids=sorted({r.get("pid") for r in tests}, key=str))
 
 
 def expected_tests(task: Task, sandbox: Sandbox, timeout_s: float = TIMEOUT_S,
@@ -155,6 +157,8 @@ def verify(task: Task, workspace_dir, sandbox: Sandbox | None = None, *,
         reason = "forged_report"
     elif a["tampered"]:
         reason = "tampered"
+    elif len(a["pids"]) > 1:
+        reason = "forked_session"  # the code under test forked copies of the test run
     elif any(f["when"] == "collect" for f in a["failures"]):
         reason = "collection_error"
     elif a["failures"]:

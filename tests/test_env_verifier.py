@@ -1,0 +1,234 @@
+"""Verifier integrity: reward 1.0 only for a real fix; every known cheat gets 0.0."""
+import os
+import random
+import sys
+
+import pytest
+
+from jaxrl_agent.env import jail
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import binary_search_task, generate_tasks, make_instance
+from jaxrl_agent.env.templates import TEMPLATES
+from jaxrl_agent.env.tools import create_workspaces
+from jaxrl_agent.env.verifier import verify
+
+TASK = binary_search_task()
+SRC = "bsearch.py"
+FIXED = TASK.reference_files[SRC]
+BUGGY = TASK.files[SRC]
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(num_workers=2, timeout_s=10, memory_mb=512) as s:
+        yield s
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return create_workspaces({**TASK.files, **TASK.dev_tests}, str(tmp_path), 1)[0]
+
+
+def put(ws, text, name=SRC):
+    with open(os.path.join(ws, name), "w") as f:
+        f.write(text)
+
+
+def check(sb, ws, reason=None, timeout_s=10.0):
+    res = verify(TASK, ws, sb, timeout_s=timeout_s)
+    assert res.reward == 0.0, res.info
+    if reason is not None:
+        assert res.info["reason"] == reason, res.info
+    return res
+
+
+# ---- honest outcomes ----
+
+
+def test_fixed_gets_one(sb, ws):
+    put(ws, FIXED)
+    res = verify(TASK, ws, sb)
+    assert res.reward == 1.0 and res.info["reason"] == "passed"
+    assert res.info["passed"] == res.info["expected"] == len(TASK.metadata["hidden_kinds"])
+
+
+def test_buggy_gets_zero_and_lists_failures(sb, ws):
+    res = check(sb, ws, "failed")
+    assert res.info["failures"] and res.info["missing"]
+
+
+def test_one_bug_fixed_is_not_enough(sb, ws):
+    put(ws, BUGGY.replace("low = mid\n", "low = mid + 1\n"))
+    check(sb, ws, "failed")
+
+
+def test_missing_source_file(sb, ws):
+    os.unlink(os.path.join(ws, SRC))
+    res = check(sb, ws)
+    assert res.info["missing_sources"] == [SRC]
+
+
+def test_default_sandbox_is_created_when_none_given(ws):
+    put(ws, FIXED)
+    assert verify(TASK, ws).reward == 1.0
+
+
+def test_reference_fix_passes_every_generated_task(sb, tmp_path):
+    tasks = (generate_tasks("train", 14, 3) + generate_tasks("heldout_instances", 4, 3)
+             + generate_tasks("heldout_templates", 4, 3))
+    assert len({t.metadata["template"] for t in tasks}) == 18
+    for i, task in enumerate(tasks):
+        fixed = create_workspaces({**task.reference_files, **task.dev_tests},
+                                  str(tmp_path / f"f{i}"), 1)[0]
+        res = verify(task, fixed, sb)
+        assert res.reward == 1.0, (task.task_id, res.info)
+        buggy = create_workspaces({**task.files, **task.dev_tests}, str(tmp_path / f"b{i}"), 1)[0]
+        assert verify(task, buggy, sb).reward == 0.0, task.task_id
+
+
+# ---- cheats: each must get 0.0 ----
+
+HEAD = "import sys, os\n"
+
+
+@pytest.mark.parametrize("prefix", ["import sys\nsys.exit(0)\n", "import os\nos._exit(0)\n",
+                                    "raise SystemExit(0)\n"])
+def test_exit_at_import(sb, ws, prefix):
+    put(ws, prefix + BUGGY)
+    check(sb, ws)
+
+
+def test_conftest_and_ini_dropped_in_workspace(sb, ws):
+    put(ws, "import pytest\n\ndef pytest_collection_modifyitems(items):\n    items.clear()\n"
+            "\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n    return True\n",
+        "conftest.py")
+    put(ws, "[pytest]\naddopts = -p no:python --co\n", "pytest.ini")
+    put(ws, "[tool.pytest.ini_options]\naddopts = '-k nothing'\n", "pyproject.toml")
+    put(ws, "import builtins\n", "sitecustomize.py")
+    check(sb, ws, "failed")
+
+
+def test_edited_and_deleted_test_files(sb, ws):
+    os.unlink(os.path.join(ws, "test_bsearch.py"))
+    put(ws, "def test_nothing():\n    pass\n", "test_bsearch_hidden.py")
+    check(sb, ws, "failed")
+
+
+def test_monkeypatching_pytest_runtest(sb, ws):
+    put(ws, "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n" + BUGGY)
+    check(sb, ws, "tampered")
+
+
+def test_monkeypatching_pytest_reports(sb, ws):
+    put(ws, "import _pytest.runner\n_orig = _pytest.runner.call_and_report\n"
+            "def _fake(item, when, log=True, **kw):\n    return _orig(item, 'setup', log)\n"
+            "_pytest.runner.call_and_report = _fake\n" + BUGGY)
+    check(sb, ws)
+
+
+def test_monkeypatching_unittest(sb, ws):
+    put(ws, "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n" + BUGGY)
+    check(sb, ws, "tampered")
+
+
+class _AlwaysEq:
+    SRC = ("class _Eq(int):\n    def __eq__(self, other):\n        return True\n"
+           "    __hash__ = int.__hash__\n\n"
+           "def binary_search(arr, target):\n    return _Eq(0)\n")
+
+
+def test_always_equal_object(sb, ws):
+    put(ws, _AlwaysEq.SRC)
+    check(sb, ws, "failed")
+
+
+def test_patching_the_test_modules_helper(sb, ws):
+    put(ws, "import sys\n\ndef binary_search(arr, target):\n"
+            "    for name, mod in list(sys.modules.items()):\n"
+            "        if name.endswith('_hidden'):\n"
+            "            mod._same = lambda a, b: True\n"
+            "    return 0\n")
+    check(sb, ws, "tampered")
+
+
+def test_patching_builtins(sb, tmp_path):
+    # A list-valued task: with builtins.all forced to True, any same-length list would
+    # satisfy the hidden tests' exact comparison; the tamper check must catch it.
+    task = make_instance(TEMPLATES["chunk"], random.Random(5))
+    fn, src = task.metadata["fn"], task.metadata["source_file"]
+    cheat = (f"import builtins, math\nbuiltins.all = lambda it: True\n\n"
+             f"def {fn}(xs, size):\n    return [[0]] * math.ceil(len(xs) / size)\n")
+    ws = create_workspaces({src: cheat}, str(tmp_path), 1)[0]
+    res = verify(task, ws, sb)
+    assert res.reward == 0.0 and res.info["reason"] == "tampered", res.info
+    assert "builtins.all" in res.info["tampered"]
+
+
+def test_infinite_loop(sb, ws):
+    put(ws, "def binary_search(arr, target):\n    while True:\n        pass\n")
+    res = check(sb, ws, "failed")
+    assert "timed out" in res.info["failures"][0]["message"]
+
+
+def test_sleeping_forever_hits_wall_timeout(sb, ws):
+    put(ws, "import time\ntime.sleep(600)\n" + FIXED)
+    res = verify(TASK, ws, sb, timeout_s=2)
+    assert res.reward == 0.0 and res.info["reason"] == "timeout"
+
+
+def _no_leftovers(sb):
+    uids = range(sb.config.base_uid, sb.config.base_uid + sb.config.num_workers)
+    return [p for u in uids for p in jail.uid_processes(u)] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fork-bomb containment needs root (uid drop)")
+def test_fork_bomb_instead_of_a_fix(sb, ws):
+    put(ws, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+            "        pass\n" + BUGGY)
+    check(sb, ws, "timeout", timeout_s=3)
+    assert _no_leftovers(sb)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fork-bomb containment needs root (uid drop)")
+def test_fork_bomb_that_replicates_the_test_session(sb, ws):
+    # Every copy finishes the import and runs the tests: several sessions report.
+    put(ws, "import os\nfor _ in range(10):\n    try:\n        os.fork()\n"
+            "    except OSError:\n        pass\n" + FIXED)
+    check(sb, ws)
+    assert _no_leftovers(sb)
+
+
+def test_memory_bomb(sb, ws):
+    put(ws, "_hog = bytearray(8 * 1024 ** 3)\n" + FIXED)
+    check(sb, ws, "collection_error")
+
+
+READ_HIDDEN = r'''import glob, re
+_ANSWERS = {}
+for _path in glob.glob("**/test_*.py", recursive=True) + glob.glob("/**/test_*hidden*.py"):
+    for _args, _exp in re.findall(r"binary_search\((.*)\), (-?\d+)\)", open(_path).read()):
+        _ANSWERS[_args] = int(_exp)
+
+def binary_search(arr, target):
+    return _ANSWERS.get(f"{arr!r}, {target!r}", -2)
+'''
+
+
+def test_reading_hidden_tests_from_disk(sb, ws, tmp_path):
+    put(ws, READ_HIDDEN)
+    check(sb, ws, "failed")
+    # The cheat is real: with the hidden tests on disk, it passes every one of them.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / SRC).write_text(READ_HIDDEN)
+    for name, text in TASK.hidden_tests.items():
+        (plain / name).write_text(text)
+    r = sb.run(plain, [sys.executable, "-m", "pytest", "-q", *TASK.hidden_tests])
+    assert r.returncode == 0 and "15 passed" in r.stdout, r.stdout
+
+
+def test_forged_records(sb, ws):
+    put(ws, "import os, json\nfor _i in range(20):\n    os.write(200, (json.dumps({'event': "
+            "'test', 'id': 'test_bsearch_hidden.py::test_%d' % _i, 'outcome': 'passed'}) + "
+            "'\\n').encode())\n" + BUGGY)
+    check(sb, ws)
