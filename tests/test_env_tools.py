@@ -1,0 +1,216 @@
+"""Tool-call parser (every error path, fuzzing), tools over a workspace, episode limits."""
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import binary_search_task
+from jaxrl_agent.env.tools import (TOOL_DESCRIPTIONS, TOOL_SCHEMAS, ParseError, ToolCall,
+                                   ToolConfig, Tools, ToolSession, create_workspaces,
+                                   format_tool_call, parse_tool_call)
+
+TASK = binary_search_task()
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return create_workspaces({**TASK.files, **TASK.dev_tests}, str(tmp_path), 1)[0]
+
+
+def call(tools, name, **args):
+    return tools(ToolCall(name, args))
+
+
+# ---- schemas and format ----
+
+
+def test_schemas_and_descriptions_cover_every_tool():
+    names = [s["function"]["name"] for s in TOOL_SCHEMAS]
+    assert names == ["list_files", "read_file", "str_replace", "run_tests", "submit"]
+    for s in TOOL_SCHEMAS:
+        assert s["type"] == "function" and s["function"]["parameters"]["type"] == "object"
+    assert [ln.split("(")[0] for ln in TOOL_DESCRIPTIONS.splitlines()] == names
+
+
+def test_format_is_hermes_and_roundtrips():
+    text = format_tool_call("str_replace", {"path": "a.py", "old": "x < 1", "new": "x <= 1"})
+    assert text.startswith("<tool_call>\n{") and text.endswith("}\n</tool_call>")
+    assert json.loads(text[len("<tool_call>"):-len("</tool_call>")]) == {
+        "name": "str_replace", "arguments": {"path": "a.py", "old": "x < 1", "new": "x <= 1"}}
+    assert parse_tool_call(text) == ToolCall("str_replace",
+                                             {"path": "a.py", "old": "x < 1", "new": "x <= 1"})
+    assert parse_tool_call("Let me look.\n" + format_tool_call("list_files")) == \
+        ToolCall("list_files", {})
+
+
+# ---- parser error paths ----
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("I will read the file now.", "no_call"),
+    (None, "no_call"),
+    (format_tool_call("list_files") + format_tool_call("submit"), "multiple_calls"),
+    ("<tool_call>{name: list_files}</tool_call>", "malformed_json"),
+    ('<tool_call>{"name": "list_files", "arguments": {}</tool_call>', "malformed_json"),
+    ('<tool_call>["list_files"]</tool_call>', "bad_structure"),
+    ('<tool_call>{"arguments": {}}</tool_call>', "bad_structure"),
+    ('<tool_call>{"name": "submit", "arguments": {}, "id": 1}</tool_call>', "bad_structure"),
+    ('<tool_call>{"name": "submit", "arguments": [1]}</tool_call>', "bad_structure"),
+    ('<tool_call>{"name": "submit", "arguments": "{oops"}</tool_call>', "malformed_json"),
+    ('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "unknown_tool"),
+    ('<tool_call>{"name": "read_file", "arguments": {}}</tool_call>', "bad_arguments"),
+    ('<tool_call>{"name": "submit", "arguments": {"now": true}}</tool_call>', "bad_arguments"),
+    ('<tool_call>{"name": "read_file", "arguments": {"path": 3}}</tool_call>', "bad_arguments"),
+    ('<tool_call>{"name": "read_file", "arguments": {"path": "a", "start_line": "1"}}'
+     '</tool_call>', "bad_arguments"),
+    ('<tool_call>{"name": "read_file", "arguments": {"path": "a", "start_line": true}}'
+     '</tool_call>', "bad_arguments"),
+    (format_tool_call("str_replace", {"path": "a", "old": "x" * 5000, "new": ""}), "oversized"),
+    ("<tool_call>" + "[" * 100000 + "</tool_call>", "malformed_json"),
+])
+def test_parse_errors(text, kind):
+    res = parse_tool_call(text)
+    assert isinstance(res, ParseError) and res.kind == kind, res
+    assert res.message.startswith("Error:")
+
+
+def test_lenient_forms():
+    # Missing closing tag (the stop token may be cut), arguments omitted or as a string.
+    assert parse_tool_call('<tool_call>\n{"name": "submit"}') == ToolCall("submit", {})
+    assert parse_tool_call('<tool_call>{"name": "read_file", "arguments": "{\\"path\\": '
+                           '\\"a.py\\"}"}</tool_call>') == ToolCall("read_file", {"path": "a.py"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.text(max_size=300),
+    st.text(max_size=200).map(lambda s: "<tool_call>" + s + "</tool_call>"),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                 lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
+                                                                     max_size=4),
+                 max_leaves=12).map(lambda o: "<tool_call>" + json.dumps(o) + "</tool_call>"),
+    st.fixed_dictionaries({"name": st.sampled_from(["read_file", "str_replace", "submit", "x"]),
+                           "arguments": st.dictionaries(
+                               st.sampled_from(["path", "old", "new", "start_line", "z"]),
+                               st.one_of(st.integers(), st.text(max_size=10), st.none()))}
+                          ).map(lambda o: format_tool_call(o["name"], o["arguments"]))))
+def test_parser_never_raises(text):
+    res = parse_tool_call(text)
+    assert isinstance(res, (ToolCall, ParseError))
+    if isinstance(res, ToolCall):
+        assert format_tool_call(res.name, res.arguments).count("<tool_call>") == 1
+
+
+# ---- tools ----
+
+
+def test_list_and_read(ws):
+    tools = Tools(ws, ["test_bsearch.py"])
+    assert call(tools, "list_files").text == "bsearch.py\ntest_bsearch.py"
+    text = call(tools, "read_file", path="bsearch.py").text
+    assert text.splitlines()[0] == "1| def binary_search(arr, target):"
+    assert call(tools, "read_file", path="bsearch.py", start_line=10, end_line=10).text == \
+        "10|             low = mid"
+    assert call(tools, "read_file", path="bsearch.py", start_line=12, end_line=99).text.count(
+        "\n") == 1
+
+
+@pytest.mark.parametrize("args,msg", [
+    (dict(path="nope.py"), "no file"),
+    (dict(path="../bsearch.py"), "outside"),
+    (dict(path="/etc/passwd"), "outside"),
+    (dict(path="a\\b.py"), "invalid path"),
+    (dict(path=""), "invalid path"),
+    (dict(path="bsearch.py", start_line=0), "bad line range"),
+    (dict(path="bsearch.py", start_line=50), "bad line range"),
+    (dict(path="bsearch.py", start_line=5, end_line=2), "bad line range"),
+])
+def test_read_errors(ws, args, msg):
+    res = call(Tools(ws, []), "read_file", **args)
+    assert not res.ok and msg in res.text and not res.done
+
+
+def test_symlink_out_of_workspace_is_refused(ws, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    os.symlink(secret, os.path.join(ws, "link.py"))
+    res = call(Tools(ws, []), "read_file", path="link.py")
+    assert not res.ok and "outside" in res.text
+    assert "link.py" not in call(Tools(ws, []), "list_files").text
+
+
+def test_str_replace(ws):
+    tools = Tools(ws, [])
+    res = call(tools, "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid + 1\n")
+    assert res.ok and res.text == "Edited bsearch.py at line 10."
+    assert "low = mid + 1" in open(os.path.join(ws, "bsearch.py")).read()
+    for args, msg in [(dict(old="nothing like this", new=""), "not found"),
+                      (dict(old="mid", new="m"), "occurs"),
+                      (dict(old="", new="x"), "must not be empty")]:
+        res = call(tools, "str_replace", path="bsearch.py", **args)
+        assert not res.ok and msg in res.text
+    res = call(tools, "str_replace", path="../x.py", old="a", new="b")
+    assert not res.ok and "outside" in res.text
+
+
+def test_workspaces_are_independent_hard_link_farm(tmp_path):
+    a, b = create_workspaces(TASK.files, str(tmp_path), 2)
+    assert os.stat(os.path.join(a, "bsearch.py")).st_ino == os.stat(
+        os.path.join(b, "bsearch.py")).st_ino
+    call(Tools(a, []), "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid + 1\n")
+    assert open(os.path.join(b, "bsearch.py")).read() == TASK.files["bsearch.py"]
+
+
+def test_long_output_is_truncated(ws):
+    with open(os.path.join(ws, "big.py"), "w") as f:
+        f.write("x = 1\n" * 2000)
+    res = call(Tools(ws, [], cfg=ToolConfig(max_output_chars=300)), "read_file", path="big.py")
+    assert len(res.text) < 340 and res.text.endswith("(output truncated)")
+
+
+def test_run_tests_without_sandbox_is_an_error(ws):
+    res = call(Tools(ws, ["test_bsearch.py"]), "run_tests")
+    assert not res.ok and "not available" in res.text and not res.done
+
+
+def test_run_tests_summary_and_first_failure(ws):
+    with Sandbox(num_workers=1, timeout_s=10) as sb:
+        tools = Tools(ws, ["test_bsearch.py"], sb)
+        assert call(tools, "run_tests").text == (
+            "2 passed, 1 failed.\n"
+            "FAILED test_last_1: TimeoutError: test timed out after 1s (infinite loop?)")
+        call(tools, "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid + 1\n")
+        assert call(tools, "run_tests").text == "3 passed."
+        call(tools, "str_replace", path="bsearch.py", old="    low = 0\n", new="    low = (\n")
+        text = call(tools, "run_tests").text
+        assert text.startswith("1 error.\nERROR collecting test_bsearch.py:")
+
+
+# ---- episode limits ----
+
+
+def test_session_terminations(ws):
+    cfg = ToolConfig(max_parse_errors=2, max_turns=4)
+    s = ToolSession(Tools(ws, []), cfg)
+    r = s.step("no call here")
+    assert not r.done and r.error.kind == "no_call"
+    r = s.step(format_tool_call("list_files"))
+    assert not r.done and r.tool_ok and s.parse_errors_in_row == 0
+    s.step("<tool_call>{bad")
+    r = s.step('<tool_call>{"name": "nope"}</tool_call>')
+    assert r.done and r.termination == "parse_error_limit"
+    with pytest.raises(RuntimeError, match="already ended"):
+        s.step(format_tool_call("submit"))
+
+    s = ToolSession(Tools(ws, []), cfg)
+    r = s.step(format_tool_call("submit"))
+    assert r.done and r.termination == "submitted" and r.observation == "Submitted."
+
+    s = ToolSession(Tools(ws, []), cfg)
+    for _ in range(3):
+        assert not s.step(format_tool_call("read_file", {"path": "missing.py"})).done
+    r = s.step(format_tool_call("list_files"))
+    assert r.done and r.termination == "max_turns" and len(s.history) == 4
