@@ -112,13 +112,17 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
             return f.read()
 
     def fix(limit: int | None = None) -> None:
+        """Apply the first remaining edit, re-plan on the new text, repeat (`limit` edits)."""
         done = 0
         for path in sorted(task.reference_files):
-            for old, new in _edits(current(path), task.reference_files[path]):
-                if limit is not None and done >= limit:
-                    return
-                act("str_replace", path=path, old=old, new=new)
+            while limit is None or done < limit:
+                plan = _edits(current(path), task.reference_files[path])
+                if not plan or session.termination is not None:
+                    break
+                act("str_replace", path=path, old=plan[0][0], new=plan[0][1])
                 done += 1
+                if not tr.turns[-1][1].startswith("Edited"):
+                    return  # the edit did not apply: stop rather than loop
 
     # ---- look around ----
     if rng.random() < 0.5:
@@ -155,21 +159,31 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
 
 
 def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
-            cfg: ToolConfig = ToolConfig()) -> dict[str, dict]:
-    """Success rate, mean turns and terminations per style over `tasks`."""
+            cfg: ToolConfig = ToolConfig(), threads: int | None = None) -> dict[str, dict]:
+    """Success rate, mean turns and terminations per style over `tasks`.
+
+    Episodes run in `threads` threads (default: one per sandbox worker); each episode's
+    rng depends only on (seed, task index), so the result does not depend on scheduling.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = threads or getattr(getattr(sandbox, "config", None), "num_workers", 1)
     out = {}
-    for style in styles:
-        rewards, turns, terms = [], [], {}
-        with tempfile.TemporaryDirectory() as root:
-            for i, task in enumerate(tasks):
-                ws = create_workspaces({**task.files, **task.dev_tests},
-                                       os.path.join(root, str(i)), 1)[0]
-                tr = run_expert(task, ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg)
-                rewards.append(tr.reward)
-                turns.append(len(tr.turns))
+    with tempfile.TemporaryDirectory() as root:
+        for style in styles:
+            def one(i: int) -> Transcript:
+                ws = create_workspaces({**tasks[i].files, **tasks[i].dev_tests},
+                                       os.path.join(root, style, str(i)), 1)[0]
+                return run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg)
+
+            with ThreadPoolExecutor(threads) as pool:
+                trs = list(pool.map(one, range(len(tasks))))
+            terms: dict = {}
+            for tr in trs:
                 terms[tr.termination] = terms.get(tr.termination, 0) + 1
-        out[style] = dict(success_rate=sum(rewards) / max(len(rewards), 1), n=len(rewards),
-                          mean_turns=sum(turns) / max(len(turns), 1), terminations=terms)
+            n = max(len(trs), 1)
+            out[style] = dict(success_rate=sum(t.reward for t in trs) / n, n=len(trs),
+                              mean_turns=sum(len(t.turns) for t in trs) / n, terminations=terms)
     return out
 
 
