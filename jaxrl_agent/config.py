@@ -54,3 +54,30 @@ class LossConfig:
     """DPO variant: "sigmoid" (DPO) or "ipo"."""
     dpo_label_smoothing: float = 0.0
     """Conservative DPO label smoothing epsilon (sigmoid kind only)."""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The sampling engine (`sampling.py`, `sampling_engine.py`). Hashable: the jitted decode
+    loop takes it as a static argument, so changing a field compiles a new loop."""
+
+    temperature: float = 1.0
+    """Softmax temperature of the sampling distribution; 0.0 means greedy (argmax)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens before sampling (0 disables top-k)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (after top-k)."""
+    max_new_tokens: int = 256
+    """Most tokens sampled per turn (also the static length of the decode output buffer)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Default per-row stop set (e.g. <|im_end|>, </tool_call>); a sampled stop token ends the turn and is kept."""
+    max_stop_tokens: int = 4
+    """Width of the per-row stop-token table (a row's stop set may hold at most this many ids)."""
+    batch_size: int = 8
+    """Rows of the engine: independent episodes sampled together."""
+    cache_size: int = 2048
+    """S, KV-cache slots per row: the longest episode (prompt + all turns) a row can hold."""
+    prefill_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    """Allowed prefill chunk lengths; a chunk is padded up to the smallest bucket that fits."""
+    seed: int = 0
+    """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""

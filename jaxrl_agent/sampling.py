@@ -1,0 +1,241 @@
+"""DEVICE: jitted prefill and decode loop over a fixed-size KV cache (DESIGN §6).
+
+Pure functions of the model, the cache and small per-row tables; `sampling_engine.py` is the
+host-side driver (multi-turn episodes, continuous batching, shape buckets).
+
+Engine state on device is a pair `(cache, logits)`:
+
+    cache   KVCache, k/v [L, B, S, K, Dh], lengths [B]   every token of row b's episode so far
+    logits  [B, V] float32                               next-token logits of each row
+
+Invariant: every token of an episode enters the cache exactly once, either by `prefill` (text
+the harness rendered: prompt, tool results) or by the decode loop (tokens the policy sampled,
+the final stop token included), and `logits[b]` always predicts the token after the last one
+in row b. So a tool result is appended by prefilling just its tokens, and the next turn starts
+sampling from the logits that prefill returned; the conversation is never re-run.
+
+Randomness is keyed per row and per position: the token written to slot p of row b is drawn
+with `fold_in(fold_in(key(base_seed), episode_seed[b]), p)`. A row's tokens therefore do not
+depend on its batch index, on the other rows, or on how its episode was split into turns.
+
+Log-probs: `logp` is the policy's log-prob of the sampled token (temperature 1, no truncation),
+computed by `model.logp_and_entropy_from_logits`, the function the trainer uses, so it equals
+the trainer's `logp` on the final sequence. `sample_logp` is the log-prob under the
+distribution actually sampled from (temperature, top-k, top-p; 0 for greedy).
+
+Dims: B rows, T chunk length, N max new tokens per turn, M stop ids per row, V vocab.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent.kv_cache import KVCache
+from jaxrl_agent.model import CausalLM, logp_and_entropy_from_logits
+
+_FILTERED = -1e30  # logit of a token removed by top-k / top-p (finite: no inf - inf NaNs)
+PAD_ID = -1  # token id written to output slots past a row's last sampled token
+
+
+@struct.dataclass
+class TurnOutput:
+    """What one decode loop produced; slots past `num_new[b]` hold PAD_ID / 0."""
+
+    tokens: jax.Array
+    """int32 `[B, N]` sampled ids."""
+    logp: jax.Array
+    """float32 `[B, N]` policy log-prob (temperature 1, no truncation) of each sampled id."""
+    sample_logp: jax.Array
+    """float32 `[B, N]` log-prob under the processed distribution actually sampled from."""
+    num_new: jax.Array
+    """int32 `[B]` tokens sampled per row this turn."""
+    stopped: jax.Array
+    """bool `[B]` the row sampled one of its stop tokens (its turn is complete)."""
+
+
+# ---- token selection ----
+
+
+def row_keys(base_seed: jax.Array, episode_seeds: jax.Array, positions: jax.Array) -> jax.Array:
+    """Per-row PRNG keys `[B]` for sampling the token that goes to slot `positions[b]`.
+
+    Args: base_seed uint32 scalar; episode_seeds uint32 `[B]`; positions int32 `[B]`.
+    The key depends only on (base_seed, episode_seeds[b], positions[b]), never on b.
+    """
+    base = jax.random.key(base_seed)
+    return jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(base, s), p))(episode_seeds, positions)
+
+
+def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """Logits of the sampling distribution: temperature, then top-k, then top-p (HF order).
+
+    Args: logits float32 `[B, V]`; config with temperature > 0 (static).
+    Returns: float32 `[B, V]`, removed tokens set to a large negative finite value. Tokens
+    tied with the last kept logit are kept too. top-p keeps the smallest prefix of the sorted
+    distribution (renormalised after top-k) whose mass reaches top_p; the top token is always kept.
+    """
+    x = logits.astype(jnp.float32) / config.temperature
+    v = x.shape[-1]
+    if 0 < config.top_k < v:
+        # top_k values come back sorted (descending); top-p then only needs these k.
+        desc = jax.lax.top_k(x, config.top_k)[0]  # [B, k]
+        x = jnp.where(x >= desc[:, -1:], x, _FILTERED)
+    elif config.top_p < 1.0:
+        desc = -jnp.sort(-x, axis=-1)  # [B, V]
+    if config.top_p < 1.0:
+        p = jax.nn.softmax(desc, axis=-1)
+        mass_before = jnp.cumsum(p, axis=-1) - p  # probability of the strictly more likely tokens
+        n_keep = jnp.maximum(jnp.sum(mass_before < config.top_p, axis=-1, keepdims=True), 1)  # [B, 1]
+        threshold = jnp.take_along_axis(desc, n_keep - 1, axis=-1)  # [B, 1]
+        x = jnp.where(x >= threshold, x, _FILTERED)
+    return x
+
+
+def select_tokens(logits: jax.Array, keys: jax.Array, config: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draw one token per row and score it.
+
+    Args:
+      logits: float32 `[B, V]` raw next-token logits of the policy.
+      keys: `[B]` typed PRNG keys (`row_keys`); unused when greedy.
+      config: sampling settings (static); temperature 0 means greedy (argmax of `logits`).
+    Returns:
+      (tokens int32 `[B]`, logp float32 `[B]` under the policy at temperature 1 without
+      truncation, sample_logp float32 `[B]` under the distribution sampled from, 0 if greedy).
+    """
+    if config.temperature == 0.0:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        sample_logp = jnp.zeros(tokens.shape, jnp.float32)
+    else:
+        x = process_logits(logits, config)
+        # vmap over rows so each row's draw uses only its own key (row independence).
+        tokens = jax.vmap(jax.random.categorical)(keys, x).astype(jnp.int32)
+        picked = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
+        sample_logp = picked - jax.nn.logsumexp(x, axis=-1)
+    logp, _ = logp_and_entropy_from_logits(logits, tokens)  # the trainer's numerics path
+    return tokens, logp, sample_logp
+
+
+# ---- prefill and the decode loop ----
+
+
+def prefill(
+    model: CausalLM, cache: KVCache, logits: jax.Array, tokens: jax.Array, valid: jax.Array, reset: jax.Array
+) -> tuple[KVCache, jax.Array]:
+    """Append a right-padded chunk of rendered tokens to some rows; optionally restart rows.
+
+    Args:
+      model: the policy.
+      cache: current cache, lengths `[B]`.
+      logits: float32 `[B, V]` current next-token logits.
+      tokens: int32 `[B, T]`; row b's real tokens first, then padding.
+      valid: int32 `[B, T]` 1 on real tokens (a row with none is left as it is).
+      reset: bool `[B]` start row b over (length 0) before appending: a new episode.
+    Returns:
+      (cache with lengths advanced by the real tokens per row, logits `[B, V]` updated on rows
+      that received tokens, unchanged elsewhere).
+    """
+    cache = cache.replace(lengths=jnp.where(reset, 0, cache.lengths))
+    new_logits, cache = model.prefill(tokens, cache, valid)
+    got = jnp.any(valid > 0, axis=1)  # [B]
+    return cache, jnp.where(got[:, None], new_logits, logits)
+
+
+def generate(
+    model: CausalLM,
+    cache: KVCache,
+    logits: jax.Array,
+    base_seed: jax.Array,
+    episode_seeds: jax.Array,
+    active: jax.Array,
+    max_new: jax.Array,
+    stop_ids: jax.Array,
+    *,
+    config: SamplingConfig,
+) -> tuple[TurnOutput, KVCache, jax.Array]:
+    """Sample one turn for every active row with a `lax.while_loop` over decode steps.
+
+    Each step draws a token per live row from `logits`, records it, and feeds it through
+    `model.decode_step`, so the cache holds every sampled token (the stop token included)
+    and the returned logits predict the token after it. A row stops after sampling one of its
+    stop ids or `max_new[b]` tokens; the loop ends when every row has stopped or after
+    N = config.max_new_tokens steps. Finished and inactive rows stand still: their cache
+    lengths and logits do not change.
+
+    Args:
+      model: the policy.
+      cache: lengths `[B]`; the caller guarantees `lengths + max_new <= S`.
+      logits: float32 `[B, V]` next-token logits (from `prefill` or a previous turn).
+      base_seed: uint32 scalar; episode_seeds: uint32 `[B]` (see `row_keys`).
+      active: bool `[B]` rows that sample this turn.
+      max_new: int32 `[B]` per-row token budget, at most N.
+      stop_ids: int32 `[B, M]` per-row stop sets, padded with -1.
+      config: sampling settings (static).
+    Returns:
+      (TurnOutput with `[B, N]` tokens and log-probs, the new cache, the new logits `[B, V]`).
+    """
+    b, n = logits.shape[0], config.max_new_tokens
+
+    def cond(carry):
+        step, _, _, done, *_ = carry
+        return (step < n) & ~jnp.all(done)
+
+    def body(carry):
+        step, cache, logits, done, num_new, stopped, out_tok, out_lp, out_slp = carry
+        live = ~done  # [B]
+        keys = row_keys(base_seed, episode_seeds, cache.lengths)
+        tok, lp, slp = select_tokens(logits, keys, config)  # [B] each
+        out_tok = out_tok.at[:, step].set(jnp.where(live, tok, PAD_ID))
+        out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+        out_slp = out_slp.at[:, step].set(jnp.where(live, slp, 0.0))
+        # Every sampled token enters the cache now, so the next turn can append right after it.
+        next_logits, cache = model.decode_step(jnp.where(live, tok, 0), cache, live.astype(jnp.int32))
+        logits = jnp.where(live[:, None], next_logits, logits)
+        num_new = num_new + live.astype(jnp.int32)
+        hit_stop = live & jnp.any(tok[:, None] == stop_ids, axis=1)
+        stopped = stopped | hit_stop
+        done = done | hit_stop | (num_new >= max_new)
+        return step + 1, cache, logits, done, num_new, stopped, out_tok, out_lp, out_slp
+
+    init = (
+        jnp.int32(0), cache, logits, ~active | (max_new <= 0),
+        jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
+        jnp.full((b, n), PAD_ID, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.float32),
+    )
+    _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = jax.lax.while_loop(cond, body, init)
+    out = TurnOutput(tokens=out_tok, logp=out_lp, sample_logp=out_slp, num_new=num_new, stopped=stopped)
+    return out, cache, logits
+
+
+# ---- jitted entry points over a split model ----
+
+
+def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
+    """Jit `prefill` and `generate` as functions of the model's state (params) pytree.
+
+    The params are an argument, not a closure constant, so a new set of params with the same
+    shapes and dtypes (every RL iteration) reuses the compiled code. The cache and logits
+    buffers are donated: the caller must use the returned ones.
+
+    Returns:
+      (prefill_fn(state, cache, logits, tokens [B, T], valid [B, T], reset [B]) -> (cache, logits),
+       generate_fn(state, cache, logits, base_seed, episode_seeds [B], active [B], max_new [B],
+                   stop_ids [B, M]) -> (TurnOutput, cache, logits)).
+      T is whatever chunk length is passed: one compilation per distinct T (the engine
+      passes only bucket lengths).
+    """
+
+    @partial(jax.jit, donate_argnums=(1, 2))
+    def prefill_fn(state, cache, logits, tokens, valid, reset):
+        return prefill(nnx.merge(graphdef, state), cache, logits, tokens, valid, reset)
+
+    @partial(jax.jit, donate_argnums=(1, 2))
+    def generate_fn(state, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids):
+        return generate(
+            nnx.merge(graphdef, state), cache, logits, base_seed, episode_seeds, active, max_new, stop_ids, config=config
+        )
+
+    return prefill_fn, generate_fn

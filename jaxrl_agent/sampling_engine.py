@@ -1,0 +1,282 @@
+"""HOST: the multi-turn sampling engine: episodes in rows, continuous batching, shape buckets.
+
+`SamplingEngine` owns a batch of B rows on device (`sampling.py`: a KV cache and next-token
+logits) and a host mirror of each row's tokens. A rollout loop talks to it per turn:
+
+    eng = SamplingEngine(model, SamplingConfig(batch_size=B, cache_size=S, stop_token_ids=(im_end,)))
+    eng.warmup()                                   # compile every bucket once (optional)
+    eng.start_episode(row, prompt_ids, seed=k)     # new episode in a row (refill = the same call)
+    turn = eng.sample_turn()                       # all rows holding an episode sample one turn
+    ids, logp, sample_logp = turn.row(row)         # what the policy said, with its log-probs
+    eng.append(row, observation_ids)               # tool result + template glue: prefill only these
+    eng.end_episode(row)                           # the row is free (or start_episode again)
+    eng.update_params(model)                       # after an optimiser step; no recompilation
+
+Text staged by `start_episode` / `append` is prefilled lazily, for all rows at once, by the
+next `sample_turn` (or `flush`), in one chunk padded to the smallest prefill bucket. Only two
+kinds of shapes ever reach the compiled functions: one prefill per bucket length and one
+decode loop, so after `warmup` a whole multi-turn rollout (and every later iteration with new
+params) compiles nothing. Bad input raises a ValueError at the call that caused it, before any
+state changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent.model import CausalLM
+from jaxrl_agent.sampling import make_sampler_fns
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """One `sample_turn`, as host NumPy arrays (`[B, N]` slots past `num_new[b]` are padding)."""
+
+    tokens: np.ndarray
+    """int32 `[B, N]` sampled ids (-1 padding)."""
+    logp: np.ndarray
+    """float32 `[B, N]` policy log-probs (temperature 1, no truncation) == the trainer's logp."""
+    sample_logp: np.ndarray
+    """float32 `[B, N]` log-probs under the distribution actually sampled from."""
+    num_new: np.ndarray
+    """int32 `[B]` tokens sampled per row (0 for rows that did not sample)."""
+    stopped: np.ndarray
+    """bool `[B]` the row ended its turn on a stop token."""
+    finish_reason: tuple[str | None, ...]
+    """Per row: "stop", "length" (max new tokens), "cache_full" (no slot left), None (not sampled)."""
+
+    def row(self, b: int) -> tuple[list[int], list[float], list[float]]:
+        """Row b's sampled ids, policy log-probs and sampling log-probs, as Python lists."""
+        n = int(self.num_new[b])
+        return self.tokens[b, :n].tolist(), self.logp[b, :n].tolist(), self.sample_logp[b, :n].tolist()
+
+
+class SamplingEngine:
+    """B rows of independent episodes sharing one jitted prefill and one jitted decode loop."""
+
+    def __init__(self, model: CausalLM, config: SamplingConfig):
+        """Split `model` into graphdef + params and allocate an empty cache of B x S slots."""
+        _check_config(config, model.config.vocab_size)
+        self.config = config
+        self.vocab_size = model.config.vocab_size
+        graphdef, self.state = nnx.split(model)
+        self._prefill_fn, self._generate_fn = make_sampler_fns(graphdef, config)
+        b, s = config.batch_size, config.cache_size
+        self.cache = model.init_cache(b, s)
+        self.logits = jnp.zeros((b, self.vocab_size), jnp.float32)
+        self.buckets = tuple(sorted(config.prefill_buckets))
+        self._base_seed = np.uint32(config.seed % 2**32)
+        # ---- host mirror: what each row holds and what is staged for it ----
+        self._tokens: list[list[int]] = [[] for _ in range(b)]  # ids in the cache (+ staged)
+        self._staged: list[list[int]] = [[] for _ in range(b)]  # rendered ids not yet prefilled
+        self._reset = np.zeros(b, bool)  # restart the row at the next prefill
+        self._live = np.zeros(b, bool)  # the row holds an episode
+        self._seeds = np.zeros(b, np.uint32)
+        self._stop = np.full((b, config.max_stop_tokens), -1, np.int32)
+        self._episodes_started = 0
+        # ---- counters (benchmarks): tokens that entered the cache, and prefill compute incl. padding ----
+        self.tokens_prefilled = 0
+        self.tokens_prefill_padded = 0
+        self.tokens_decoded = 0
+
+    # ---- params ----
+
+    def update_params(self, params: CausalLM | nnx.State) -> None:
+        """Use new params (a model or its `nnx.state`) with the same shapes: no recompilation."""
+        state = nnx.state(params) if isinstance(params, nnx.Module) else params
+        if jax.tree.structure(state) != jax.tree.structure(self.state):
+            raise ValueError("update_params: the new params do not have the structure of the engine's model")
+        self.state = state
+
+    # ---- rows ----
+
+    def start_episode(self, row: int, prompt_ids: Sequence[int], *, seed: int | None = None,
+                      stop_ids: Sequence[int] | None = None) -> None:
+        """Put a new episode in `row` (discarding whatever it held): the continuous-batching refill.
+
+        Args:
+          row: 0 <= row < B.
+          prompt_ids: the rendered prompt, 1 <= len <= min(S, largest bucket).
+          seed: the episode's seed; its tokens depend only on (config.seed, seed, the ids), not
+            on the row or the other rows. Default: the number of episodes started so far.
+          stop_ids: this row's stop set (default `config.stop_token_ids`), at most M ids.
+        """
+        self._check_row(row)
+        prompt = self._check_ids(prompt_ids, "prompt_ids")
+        if not prompt:
+            raise ValueError(f"start_episode(row={row}): the prompt is empty")
+        self._check_fits(row, len(prompt), len(prompt), "prompt")
+        stops = self._stop_row(self.config.stop_token_ids if stop_ids is None else stop_ids)
+        seed = self._episodes_started if seed is None else seed
+        self._tokens[row], self._staged[row] = list(prompt), list(prompt)
+        self._reset[row], self._live[row] = True, True
+        self._seeds[row] = np.uint32(int(seed) % 2**32)
+        self._stop[row] = stops
+        self._episodes_started += 1
+
+    def append(self, row: int, ids: Sequence[int]) -> None:
+        """Append rendered tokens (a tool result, template glue) to the episode in `row`.
+
+        They are prefilled into the row's cache by the next `sample_turn`/`flush`; nothing
+        already in the cache is recomputed.
+        """
+        self._check_row(row)
+        if not self._live[row]:
+            raise ValueError(f"append(row={row}): the row holds no episode (call start_episode first)")
+        ids = self._check_ids(ids, "ids")
+        self._check_fits(row, len(self._tokens[row]) + len(ids), len(self._staged[row]) + len(ids), "append")
+        self._tokens[row].extend(ids)
+        self._staged[row].extend(ids)
+
+    def end_episode(self, row: int) -> None:
+        """Mark `row` free; `sample_turn` skips it until `start_episode` refills it."""
+        self._check_row(row)
+        self._live[row] = False
+        self._staged[row] = []
+
+    def tokens(self, row: int) -> list[int]:
+        """The full token sequence of the episode in `row` (rendered + sampled, in order)."""
+        self._check_row(row)
+        return list(self._tokens[row])
+
+    def free_rows(self) -> list[int]:
+        """Rows holding no episode (ready for `start_episode`)."""
+        return [int(b) for b in np.flatnonzero(~self._live)]
+
+    # ---- device calls ----
+
+    def flush(self) -> None:
+        """Prefill every staged chunk in one call, padded to the smallest bucket that fits all."""
+        lens = np.array([len(s) for s in self._staged])
+        if not lens.any():
+            return
+        t = next(b for b in self.buckets if b >= lens.max())  # _check_fits guarantees one exists
+        tokens = np.zeros((len(lens), t), np.int32)  # [B, T]
+        for b, ids in enumerate(self._staged):
+            tokens[b, : len(ids)] = ids
+        valid = (np.arange(t)[None, :] < lens[:, None]).astype(np.int32)  # [B, T]
+        self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, tokens, valid, self._reset.copy())
+        self.tokens_prefilled += int(lens.sum())
+        self.tokens_prefill_padded += int((lens > 0).sum()) * t
+        self._staged = [[] for _ in lens]
+        self._reset[:] = False
+
+    def sample_turn(self, rows: Sequence[int] | None = None, *, max_new_tokens: int | None = None) -> TurnResult:
+        """Sample one turn for `rows` (default: every row holding an episode), all in one loop.
+
+        Each row samples until one of its stop ids (kept, "stop"), `max_new_tokens` tokens
+        ("length", default and upper bound `config.max_new_tokens`) or the end of its cache
+        ("cache_full"). The sampled ids are appended to the row's episode and cache.
+        Returns: a `TurnResult` with `[B, N]` arrays, N = config.max_new_tokens.
+        """
+        cfg = self.config
+        n = cfg.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if not 1 <= n <= cfg.max_new_tokens:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be in [1, config.max_new_tokens={cfg.max_new_tokens}]")
+        rows = [int(b) for b in np.flatnonzero(self._live)] if rows is None else [int(r) for r in rows]
+        for r in rows:
+            self._check_row(r)
+            if not self._live[r]:
+                raise ValueError(f"sample_turn: row {r} holds no episode")
+        self.flush()
+        active = np.zeros(cfg.batch_size, bool)
+        active[rows] = True
+        room = cfg.cache_size - np.array([len(t) for t in self._tokens])  # free slots per row
+        budget = np.where(active, np.minimum(n, room), 0).astype(np.int32)  # [B]
+        out, self.cache, self.logits = self._generate_fn(
+            self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), active & (budget > 0), budget,
+            self._stop.copy(),
+        )
+        out = jax.device_get(out)
+        reasons = []
+        for b in range(cfg.batch_size):
+            k = int(out.num_new[b])
+            self._tokens[b].extend(out.tokens[b, :k].tolist())
+            if not active[b]:
+                reasons.append(None)
+            elif out.stopped[b]:
+                reasons.append("stop")
+            else:
+                reasons.append("length" if budget[b] == n else "cache_full")
+        self.tokens_decoded += int(out.num_new.sum())
+        return TurnResult(
+            tokens=np.asarray(out.tokens), logp=np.asarray(out.logp), sample_logp=np.asarray(out.sample_logp),
+            num_new=np.asarray(out.num_new), stopped=np.asarray(out.stopped), finish_reason=tuple(reasons),
+        )
+
+    def warmup(self) -> None:
+        """Compile the prefill of every bucket and the decode loop without changing any row."""
+        b = self.config.batch_size
+        for t in self.buckets:
+            zeros = np.zeros((b, t), np.int32)  # no valid token: no row changes
+            self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, zeros, zeros, np.zeros(b, bool))
+        none = np.zeros(b, bool)
+        _, self.cache, self.logits = self._generate_fn(
+            self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), none, np.zeros(b, np.int32),
+            self._stop.copy(),
+        )
+
+    def num_compiled(self) -> int:
+        """Compiled variants of the prefill and decode functions so far (one per bucket used + 1)."""
+        return self._prefill_fn._cache_size() + self._generate_fn._cache_size()
+
+    # ---- validation ----
+
+    def _check_row(self, row: int) -> None:
+        if not 0 <= row < self.config.batch_size:
+            raise ValueError(f"row {row} out of range [0, batch_size={self.config.batch_size})")
+
+    def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"{what} must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"{what} holds ids outside [0, vocab_size={self.vocab_size}): min {arr.min()}, max {arr.max()}")
+        return arr.astype(np.int64).tolist()
+
+    def _check_fits(self, row: int, total: int, chunk: int, what: str) -> None:
+        if total > self.config.cache_size:
+            raise ValueError(
+                f"{what} does not fit row {row}'s KV cache: the episode would hold {total} tokens "
+                f"but cache_size S={self.config.cache_size}"
+            )
+        if chunk > self.buckets[-1]:
+            raise ValueError(
+                f"{what} does not fit a prefill bucket: {chunk} tokens to prefill in row {row}, "
+                f"largest bucket {self.buckets[-1]} (config.prefill_buckets={self.buckets})"
+            )
+
+    def _stop_row(self, stop_ids: Sequence[int]) -> np.ndarray:
+        ids = self._check_ids(stop_ids, "stop_ids")
+        if len(ids) > self.config.max_stop_tokens:
+            raise ValueError(f"{len(ids)} stop ids exceed config.max_stop_tokens={self.config.max_stop_tokens}")
+        row = np.full(self.config.max_stop_tokens, -1, np.int32)
+        row[: len(ids)] = ids
+        return row
+
+
+def _check_config(cfg: SamplingConfig, vocab_size: int) -> None:
+    """Raise a ValueError for a SamplingConfig the engine cannot run."""
+    problems = []
+    if cfg.temperature < 0:
+        problems.append(f"temperature={cfg.temperature} < 0")
+    if cfg.top_k < 0:
+        problems.append(f"top_k={cfg.top_k} < 0")
+    if not 0 < cfg.top_p <= 1:
+        problems.append(f"top_p={cfg.top_p} not in (0, 1]")
+    if cfg.batch_size < 1 or cfg.cache_size < 1 or cfg.max_new_tokens < 1:
+        problems.append("batch_size, cache_size and max_new_tokens must be >= 1")
+    if not cfg.prefill_buckets or min(cfg.prefill_buckets) < 1:
+        problems.append(f"prefill_buckets={cfg.prefill_buckets} must be non-empty positive lengths")
+    if len(cfg.stop_token_ids) > cfg.max_stop_tokens:
+        problems.append(f"{len(cfg.stop_token_ids)} stop_token_ids exceed max_stop_tokens={cfg.max_stop_tokens}")
+    if any(not 0 <= t < vocab_size for t in cfg.stop_token_ids):
+        problems.append(f"stop_token_ids={cfg.stop_token_ids} outside [0, vocab_size={vocab_size})")
+    if problems:
+        raise ValueError("invalid SamplingConfig: " + "; ".join(problems))
