@@ -264,9 +264,11 @@ class CausalLM(nnx.Module):
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
         """Final normed hidden states `[B, T, D]` (param dtype) of a padded batch, no cache.
 
-        Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]`, 1 on real tokens.
-        Query t attends to keys j <= t (by index) with attention_mask 1, so left, right and
-        in-between padding all work; outputs at padded positions are finite garbage.
+        Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]`, 1 on real tokens
+        (or segment ids 1, 2, ... for rows packed with several sequences, 0 on padding).
+        Query t attends to keys j <= t (by index) with attention_mask > 0 and, for packed
+        rows, the same segment id, so left, right and in-between padding all work; outputs at
+        padded positions are finite garbage.
         """
         if tokens.ndim != 2 or positions.shape != tokens.shape or attention_mask.shape != tokens.shape:
             raise ValueError(
@@ -277,7 +279,11 @@ class CausalLM(nnx.Module):
         x = self._get("embed")[tokens]  # [B, T, D]
         cos, sin = rope_tables(rope_inv_freq(self.config), positions)
         idx = jnp.arange(t)
-        mask = (idx[None, None, :] <= idx[None, :, None]) & (attention_mask[:, None, :] > 0)  # [B, T, T]
+        seg_q, seg_k = attention_mask[:, :, None], attention_mask[:, None, :]
+        # Packed rows number their segments 1, 2, ... in attention_mask: a real query sees only
+        # keys of its own segment. For 0/1 masks this is the plain padding mask.
+        same = (seg_k == seg_q) | (seg_q == 0)
+        mask = (idx[None, None, :] <= idx[None, :, None]) & (seg_k > 0) & same  # [B, T, T]
 
         def body(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
