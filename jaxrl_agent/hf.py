@@ -15,6 +15,7 @@ A value head is not an HF tensor; it is saved to / read from `value_head.safeten
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -193,28 +194,8 @@ def _weight_files(path: str) -> dict[str, str]:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def load_pretrained(path: str, dtype=jnp.float32, *, value_head: bool = False) -> tuple[CausalLM, ModelConfig]:
-    """Load a local HF checkpoint directory into a `CausalLM`.
-
-    Args:
-      path: directory with config.json and safetensors weights (single or sharded).
-      dtype: parameter dtype (jnp.float32 or jnp.bfloat16); tensors are cast on load.
-      value_head: add a value head, read from `value_head.safetensors` when present, else
-        zero-initialised.
-    Returns:
-      (model, config).
-    Raises:
-      FileNotFoundError naming a missing file; ValueError naming an unsupported architecture,
-      a missing or unexpected tensor, or a tensor whose shape does not match config.json.
-    """
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.exists(cfg_path):
-        raise FileNotFoundError(f"missing {cfg_path}")
-    with open(cfg_path) as fh:
-        config = config_from_hf(json.load(fh), source=cfg_path, value_head=value_head)
-    files = _weight_files(path)
-    table = _tensor_table(config)
-    handles = {f: safe_open(f, framework="numpy") for f in sorted(set(files.values()))}
+def _read_params(config: ModelConfig, path: str, files: dict, handles: dict, table: list) -> dict[str, np.ndarray]:
+    """Our parameter name -> array (file dtype), checking names and shapes against config."""
 
     def read(name: str, shape: tuple) -> np.ndarray:
         if name not in files:
@@ -241,6 +222,33 @@ def load_pretrained(path: str, dtype=jnp.float32, *, value_head: bool = False) -
     )
     if unexpected:
         raise ValueError(f"unexpected tensors in {path} for {config.architecture}: {unexpected[:8]}")
+    return params
+
+
+def load_pretrained(path: str, dtype=jnp.float32, *, value_head: bool = False) -> tuple[CausalLM, ModelConfig]:
+    """Load a local HF checkpoint directory into a `CausalLM`.
+
+    Args:
+      path: directory with config.json and safetensors weights (single or sharded).
+      dtype: parameter dtype (jnp.float32 or jnp.bfloat16); tensors are cast on load.
+      value_head: add a value head, read from `value_head.safetensors` when present, else
+        zero-initialised.
+    Returns:
+      (model, config).
+    Raises:
+      FileNotFoundError naming a missing file; ValueError naming an unsupported architecture,
+      a missing or unexpected tensor, or a tensor whose shape does not match config.json.
+    """
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"missing {cfg_path}")
+    with open(cfg_path) as fh:
+        config = config_from_hf(json.load(fh), source=cfg_path, value_head=value_head)
+    files = _weight_files(path)
+    table = _tensor_table(config)
+    with contextlib.ExitStack() as stack:
+        handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in sorted(set(files.values()))}
+        params = _read_params(config, path, files, handles, table)
     if value_head:
         vh_path = os.path.join(path, VALUE_HEAD_FILE)
         if os.path.exists(vh_path):

@@ -152,6 +152,12 @@ def test_bfloat16_checkpoint_and_sharded_index(checkpoints, tmp_path):
     lo = _ours(model, tokens, positions, mask)
     real = mask.astype(bool)
     assert np.abs(lo - f32)[real].max() < 0.1 * np.abs(f32).max()
+    # a bf16 export is a bf16 checkpoint with the same bits
+    hf.save_pretrained(model, hf.load_pretrained(bf16_dir)[1], str(tmp_path / "bf16_out"))
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16_out"))
+    assert reloaded.dtype == torch.bfloat16
+    q_ref = torch_model.model.layers[1].self_attn.q_proj.weight.to(torch.bfloat16)
+    assert torch.equal(reloaded.model.layers[1].self_attn.q_proj.weight, q_ref)
 
 
 def test_value_head_round_trip(checkpoints, tmp_path):
