@@ -123,14 +123,17 @@ class SamplingEngine:
     def append(self, row: int, ids: Sequence[int]) -> None:
         """Append rendered tokens (a tool result, template glue) to the episode in `row`.
 
-        They are prefilled into the row's cache by the next `sample_turn`/`flush`; nothing
-        already in the cache is recomputed.
+        They are prefilled into the row's cache by the next `sample_turn`/`flush` (or right
+        away, when the staged text would outgrow the largest bucket); nothing already in the
+        cache is recomputed. A single chunk longer than the largest bucket is an error.
         """
         self._check_row(row)
         if not self._live[row]:
             raise ValueError(f"append(row={row}): the row holds no episode (call start_episode first)")
         ids = self._check_ids(ids, "ids")
-        self._check_fits(row, len(self._tokens[row]) + len(ids), len(self._staged[row]) + len(ids), "append")
+        self._check_fits(row, len(self._tokens[row]) + len(ids), len(ids), "append")
+        if len(self._staged[row]) + len(ids) > self.buckets[-1]:
+            self.flush()  # staged text would outgrow the largest bucket: prefill what is staged first
         self._tokens[row].extend(ids)
         self._staged[row].extend(ids)
 

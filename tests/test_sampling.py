@@ -1,0 +1,342 @@
+"""Tests for sampling.py / sampling_engine.py: logp parity with the trainer, greedy == argmax,
+seeding, row independence, multi-turn == re-prefill, refill, no recompilation, clear errors."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent.model import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.sampling import process_logits, select_tokens
+from jaxrl_agent.sampling_engine import SamplingEngine
+
+CFG = ModelConfig(
+    vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+    head_dim=8, rope_theta=1000.0, qkv_bias=True, qk_norm=True,
+)
+S = 64  # cache slots per row
+SAMPLE = SamplingConfig(
+    temperature=0.9, top_k=40, top_p=0.95, max_new_tokens=8, batch_size=4, cache_size=S,
+    prefill_buckets=(8, 16, 32), seed=7,
+)
+GREEDY = dataclasses.replace(SAMPLE, temperature=0.0, top_k=0, top_p=1.0)
+
+
+def _perturbed(seed=0):
+    """A model whose norms/biases are off their trivial init and whose logits are peaked
+    enough that sampling is far from uniform."""
+    model = CausalLM(CFG, rngs=nnx.Rngs(seed), init_std=0.2)
+    key = jax.random.key(seed + 100)
+    for i, ((name,), var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.Param))):
+        noise = 0.1 * jax.random.normal(jax.random.fold_in(key, i), var.shape)
+        getattr(model, name).set_value(var[...] + noise)
+    return model
+
+
+def _prompt(seed, n):
+    return np.random.default_rng(seed).integers(0, CFG.vocab_size, n).tolist()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _perturbed()
+
+
+@pytest.fixture(scope="module")
+def eng(model):
+    return SamplingEngine(model, SAMPLE)
+
+
+@pytest.fixture(scope="module")
+def greedy_eng(model):
+    return SamplingEngine(model, GREEDY)
+
+
+@pytest.fixture(scope="module")
+def full_forward(model):
+    """Jitted trainer-side pass over sequences padded to S: (logits [B, S, V], logp [B, S])."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def fwd(state, tokens, mask):
+        m = nnx.merge(graphdef, state)
+        pos = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), tokens.shape)
+        return m(tokens, pos, mask), policy_outputs(m, tokens, pos, mask, chunk_size=16).logp
+
+    def run(seqs):
+        tokens = np.zeros((len(seqs), S), np.int32)
+        mask = np.zeros((len(seqs), S), np.int32)
+        for b, s in enumerate(seqs):
+            tokens[b, : len(s)], mask[b, : len(s)] = s, 1
+        logits, logp = fwd(state, tokens, mask)
+        return np.asarray(logits), np.asarray(logp)
+
+    return run
+
+
+def _rollout(eng, prompts, seeds, obs, turns=3):
+    """Start episodes in rows 0..len(prompts)-1, then `turns` turns with observations appended.
+
+    Returns per row: list of (start index in the sequence, ids, logp, sample_logp) per turn.
+    """
+    for b, (p, s) in enumerate(zip(prompts, seeds)):
+        eng.start_episode(b, p, seed=s)
+    for b in range(len(prompts), eng.config.batch_size):
+        eng.end_episode(b)
+    record = [[] for _ in prompts]
+    for turn in range(turns):
+        starts = [len(eng.tokens(b)) for b in range(len(prompts))]
+        res = eng.sample_turn()
+        for b in range(len(prompts)):
+            ids, lp, slp = res.row(b)
+            record[b].append((starts[b], ids, lp, slp))
+            if turn < turns - 1:
+                eng.append(b, obs[b][turn])
+    return record
+
+
+# ---- parity with the trainer ----
+
+
+def test_sampler_logp_equals_trainer_logp(eng, full_forward):
+    prompts = [_prompt(1, 5), _prompt(2, 11), _prompt(3, 3), _prompt(4, 17)]
+    obs = [[_prompt(10 + b, 2 + 3 * b), _prompt(20 + b, 4)] for b in range(4)]
+    record = _rollout(eng, prompts, [1, 2, 3, 4], obs)
+    seqs = [eng.tokens(b) for b in range(4)]
+    logits, logp = full_forward(seqs)
+    worst, n_checked = 0.0, 0
+    for b in range(4):
+        for start, ids, lp, slp in record[b]:
+            assert seqs[b][start : start + len(ids)] == ids  # the sequence holds exactly what was sampled
+            for i, tok in enumerate(ids):
+                t = start + i
+                worst = max(worst, abs(lp[i] - logp[b, t]))
+                # sampling log-prob == the processed distribution of the full-forward logits
+                x = np.asarray(process_logits(jnp.asarray(logits[b, t - 1][None]), SAMPLE))[0]
+                ref = x[tok] - np.log(np.sum(np.exp(x - x.max()))) - x.max()
+                assert abs(slp[i] - ref) < 1e-4 and slp[i] >= lp[i] - 1e-4  # truncation only adds mass
+                n_checked += 1
+    assert n_checked >= 40 and worst <= 1e-5, (n_checked, worst)
+
+
+def test_greedy_equals_argmax_of_full_forward(greedy_eng, full_forward):
+    prompts = [_prompt(5, 9), _prompt(6, 4), _prompt(7, 14)]
+    obs = [[_prompt(30 + b, 3), _prompt(40 + b, 5)] for b in range(3)]
+    record = _rollout(greedy_eng, prompts, [0, 0, 0], obs)
+    seqs = [greedy_eng.tokens(b) for b in range(3)]
+    logits, logp = full_forward(seqs)
+    for b in range(3):
+        for start, ids, lp, slp in record[b]:
+            assert len(ids) == GREEDY.max_new_tokens
+            assert ids == np.argmax(logits[b, start - 1 : start - 1 + len(ids)], axis=-1).tolist()
+            np.testing.assert_allclose(lp, logp[b, start : start + len(ids)], atol=1e-5)
+            assert slp == [0.0] * len(ids)
+
+
+# ---- seeding and independence ----
+
+
+def test_same_seed_same_tokens_and_different_seed_differs(eng):
+    prompts, obs = [_prompt(8, 6), _prompt(9, 10)], [[_prompt(50, 3), _prompt(51, 3)]] * 2
+    a = _rollout(eng, prompts, [11, 12], obs)
+    b = _rollout(eng, prompts, [11, 12], obs)
+    c = _rollout(eng, prompts, [13, 14], obs)
+    assert a == b
+    assert [t[1] for t in a[0]] != [t[1] for t in c[0]]
+
+
+def test_row_independence(model, eng):
+    """An episode's tokens depend on its seed and ids only: not on its row, its neighbours
+    (other prompts at other lengths, or none) or the batch size."""
+    ep, ep_obs = _prompt(60, 7), [_prompt(61, 5), _prompt(62, 2)]
+    ref = _rollout(eng, [ep], [99], [ep_obs])[0]  # alone (other rows free)
+    others = [_prompt(63, 13), _prompt(64, 2), _prompt(65, 20)]
+    batch = _rollout(eng, others[:2] + [ep] + others[2:], [1, 2, 99, 3], [[_prompt(66, 9)] * 2] * 2 + [ep_obs] + [[_prompt(67, 1)] * 2])[2]
+    single = SamplingEngine(model, dataclasses.replace(SAMPLE, batch_size=1))
+    one = _rollout(single, [ep], [99], [ep_obs])[0]
+    for got in (batch, one):
+        for (s0, ids0, lp0, slp0), (s1, ids1, lp1, slp1) in zip(ref, got):
+            assert (s0, ids0) == (s1, ids1)
+            np.testing.assert_allclose(lp0, lp1, atol=1e-5)
+            np.testing.assert_allclose(slp0, slp1, atol=1e-5)
+
+
+def test_multi_turn_equals_reprefilled_conversation(eng):
+    """Turn 2 after an appended observation == turn 2 from a fresh prefill of the whole
+    conversation (same episode seed), so appending never needs to re-run the past."""
+    prompt, obs = _prompt(70, 9), _prompt(71, 6)
+    eng.start_episode(0, prompt, seed=5)
+    for b in range(1, 4):
+        eng.end_episode(b)
+    eng.sample_turn()
+    eng.append(0, obs)
+    conversation = eng.tokens(0)
+    ids, lp, _ = eng.sample_turn().row(0)
+    eng.start_episode(3, conversation, seed=5)  # refill another row with the whole conversation
+    eng.end_episode(0)
+    ids2, lp2, _ = eng.sample_turn().row(3)
+    assert ids == ids2 and len(ids) > 0
+    np.testing.assert_allclose(lp, lp2, atol=1e-5)
+    assert eng.tokens(3) == conversation + ids
+
+
+def test_refill_resets_the_row(eng):
+    """A row refilled after a long episode behaves exactly like a fresh row (no stale cache)."""
+    ep = _prompt(80, 5)
+    fresh = _rollout(eng, [ep], [42], [[[1, 2], [3]]], turns=2)[0]
+    long = _prompt(81, 30)
+    eng.start_episode(0, long, seed=1)
+    eng.sample_turn()
+    eng.append(0, _prompt(82, 20))
+    eng.sample_turn()
+    eng.start_episode(0, ep, seed=42)
+    ids, lp, _ = eng.sample_turn().row(0)
+    assert ids == fresh[0][1] and eng.tokens(0) == ep + ids
+    np.testing.assert_allclose(lp, fresh[0][2], atol=1e-5)
+
+
+# ---- stops, budgets, capacity ----
+
+
+def test_per_row_stop_sets_and_budgets(greedy_eng):
+    eng = greedy_eng
+    p0, p1 = _prompt(90, 6), _prompt(91, 8)
+    eng.start_episode(0, p0, seed=0)
+    eng.start_episode(1, p1, seed=0)
+    for b in (2, 3):
+        eng.end_episode(b)
+    free = eng.sample_turn()
+    g0, g1 = free.row(0)[0], free.row(1)[0]
+    # Row 0 stops at the 3rd greedy token, row 1 at its 5th (first occurrence), with different sets.
+    k0, k1 = g0.index(g0[2]), g1.index(g1[4])
+    eng.start_episode(0, p0, seed=0, stop_ids=[g0[2]])
+    eng.start_episode(1, p1, seed=0, stop_ids=[g1[4], g1[4]])
+    res = eng.sample_turn()
+    assert res.row(0)[0] == g0[: k0 + 1] and res.row(1)[0] == g1[: k1 + 1]
+    assert res.finish_reason[:2] == ("stop", "stop") and res.finish_reason[2:] == (None, None)
+    assert res.stopped[:2].all() and res.num_new[2:].tolist() == [0, 0]
+    assert eng.tokens(0) == p0 + g0[: k0 + 1]  # the stop token is kept in the episode and cache
+    # per-call budget
+    eng.start_episode(0, p0, seed=0)
+    res = eng.sample_turn(max_new_tokens=3)
+    assert res.row(0)[0] == g0[:3] and res.finish_reason[0] == "length"
+    # the end of the cache
+    eng.start_episode(2, _prompt(92, 30), seed=0)
+    eng.append(2, _prompt(93, 30))  # 60 of S=64 slots
+    res = eng.sample_turn([2])
+    assert res.num_new[2] == 4 and res.finish_reason[2] == "cache_full" and len(eng.tokens(2)) == S
+    res = eng.sample_turn([2])
+    assert res.num_new[2] == 0 and res.finish_reason[2] == "cache_full"
+
+
+# ---- compilation ----
+
+
+def test_no_compilation_after_warmup(model, eng):
+    """Warm-up compiles every bucket; a multi-turn rollout with refills, across buckets and
+    with new params, then compiles nothing (counted from JAX's own compile events)."""
+    perturbed = nnx.state(_perturbed(seed=3))
+    eng.warmup()
+    before = eng.num_compiled()
+    assert before == len(SAMPLE.prefill_buckets) + 1
+    compiles = []
+
+    def listener(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        rng = np.random.default_rng(0)
+        for it in range(2):
+            for b in range(4):
+                eng.start_episode(b, _prompt(100 + b + 10 * it, int(rng.integers(1, 30))), seed=b)
+            for turn in range(4):
+                res = eng.sample_turn()
+                for b in range(4):
+                    if turn == 1 and b == it:  # continuous batching: refill a row mid-rollout
+                        eng.start_episode(b, _prompt(200 + b, int(rng.integers(1, 9))), seed=50 + b)
+                    elif len(eng.tokens(b)) + 12 < S - 8:
+                        eng.append(b, _prompt(300 + turn, int(rng.integers(1, 12))))
+                assert all(r is not None for r in res.finish_reason)
+            eng.update_params(perturbed)  # the RL loop's new params: same shapes, no retrace
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [] and eng.num_compiled() == before
+    eng.update_params(model)
+
+
+# ---- token selection ----
+
+
+def _np_reference_keep(logits, temperature, top_k, top_p):
+    """NumPy reference of the kept token set: temperature, top-k, then top-p."""
+    x = logits / temperature
+    keep = np.ones_like(x, bool)
+    if top_k:
+        keep &= x >= np.sort(x)[::-1][top_k - 1]
+    if top_p < 1:
+        order = np.argsort(-x, kind="stable")
+        xs = np.where(keep, x, -np.inf)[order]
+        p = np.exp(xs - xs.max())
+        p /= p.sum()
+        before = np.cumsum(p) - p
+        kept = order[: max(1, int(np.sum(before < top_p)))]
+        keep &= x >= x[kept].min()
+    return keep
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6), (1.0, 12, 0.8), (1.0, 1, 1.0)])
+def test_process_and_select_tokens(temperature, top_k, top_p):
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    logits = 3.0 * jax.random.normal(jax.random.key(0), (6, CFG.vocab_size))
+    x = np.asarray(process_logits(logits, cfg))
+    keys = jax.random.split(jax.random.key(1), 6)
+    tok, lp, slp = (np.asarray(a) for a in select_tokens(logits, keys, cfg))
+    ref_lp = np.asarray(jax.nn.log_softmax(logits))
+    for b in range(6):
+        keep = _np_reference_keep(np.asarray(logits[b]), temperature, top_k, top_p)
+        np.testing.assert_array_equal(x[b] > -1e29, keep)
+        assert keep[tok[b]]
+        np.testing.assert_allclose(lp[b], ref_lp[b, tok[b]], atol=1e-6)
+        kept = x[b][keep]
+        np.testing.assert_allclose(slp[b], x[b, tok[b]] - np.log(np.sum(np.exp(kept - kept.max()))) - kept.max(), atol=1e-5)
+    if top_k == 1:
+        np.testing.assert_array_equal(tok, np.argmax(np.asarray(logits), axis=-1))
+    if (temperature, top_k, top_p) == (1.0, 0, 1.0):
+        np.testing.assert_allclose(slp, lp, atol=1e-6)  # no processing: both distributions agree
+
+
+# ---- errors ----
+
+
+def test_bad_inputs_raise_clear_errors(model, eng):
+    eng.start_episode(0, [1, 2, 3], seed=0)
+    before = eng.tokens(0)
+    cases = [
+        (lambda: eng.start_episode(1, _prompt(0, S + 1)), "does not fit row 1's KV cache"),
+        (lambda: eng.start_episode(1, _prompt(0, 33)), "does not fit a prefill bucket"),
+        (lambda: eng.start_episode(1, []), "empty"),
+        (lambda: eng.start_episode(1, [1, CFG.vocab_size]), "outside"),
+        (lambda: eng.start_episode(1, [[1, 2]]), "1-D"),
+        (lambda: eng.start_episode(4, [1]), "out of range"),
+        (lambda: eng.start_episode(1, [1], stop_ids=[1, 2, 3, 4, 5]), "max_stop_tokens"),
+        (lambda: eng.append(0, _prompt(0, 40)), "prefill bucket"),
+        (lambda: eng.append(3, [1]), "holds no episode"),
+        (lambda: eng.sample_turn(max_new_tokens=9), "max_new_tokens"),
+        (lambda: eng.sample_turn([3]), "holds no episode"),
+        (lambda: eng.update_params({"x": jnp.zeros(3)}), "structure"),
+        (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, top_p=0.0)), "top_p"),
+        (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, temperature=-1.0)), "temperature"),
+        (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, stop_token_ids=(500,))), "stop_token_ids"),
+    ]
+    eng.end_episode(3)
+    for fn, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fn()
+    assert eng.tokens(0) == before  # a rejected call changes nothing
+    eng.append(0, [4])
+    assert eng.sample_turn([0]).num_new[0] > 0
