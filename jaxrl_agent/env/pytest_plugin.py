@@ -71,6 +71,11 @@ def _snapshot() -> dict[str, int]:
     return snap
 
 
+# Taken once in the worker after `warm_up` (the state every forked child starts from), so a
+# child only pays for the snapshot after its session.
+_BASELINE: dict[str, int] | None = None
+
+
 def _diff(before: dict[str, int], after: dict[str, int]) -> list[str]:
     """Keys whose object changed or vanished (new modules imported later are ignored)."""
     return sorted(k for k, v in before.items() if after.get(k) != v)
@@ -123,7 +128,8 @@ class _Reporter:
         self._getpid = os.getpid
         self._memory = dict(memory_files)
         self._timeout = test_timeout_s
-        self._before: dict[str, int] = {}
+        # Copied now, before any agent code runs (it could otherwise empty the shared dict).
+        self._before: dict[str, int] = dict(_BASELINE) if _BASELINE is not None else {}
         self._modules: list[tuple[types.ModuleType, dict]] = []
 
     def watch_module(self, mod: types.ModuleType, originals: dict) -> None:
@@ -149,7 +155,8 @@ class _Reporter:
             pass
 
     def pytest_sessionstart(self, session):
-        self._before = _snapshot()
+        if not self._before:
+            self._before = _snapshot()
         self._emit(event="start")
 
     def pytest_pycollect_makemodule(self, module_path, parent):
@@ -198,15 +205,20 @@ class _Reporter:
         self._emit(event="end", exitstatus=int(exitstatus), tampered=tampered[:10])
 
 
+_DISABLED = ("cacheprovider", "unraisableexception", "threadexception", "doctest", "junitxml",
+             "pastebin", "legacypath", "stepwise", "setuponly", "setupplan", "faulthandler",
+             "debugging")
+
+
 def run_pytest(args: list[str], report_fd: int, nonce: str,
                memory_files: dict[str, str] | None = None,
                test_timeout_s: float | None = None) -> int:
     """Run pytest in this (already sandboxed) process; returns its exit code."""
     plugin = _Reporter(report_fd, nonce, memory_files or {}, test_timeout_s)
     # No cache dir: the run depends only on argv and the files. The unraisable/thread
-    # exception plugins call gc.collect() five times per session (tens of ms).
-    args = ["-p", "no:cacheprovider", "-p", "no:unraisableexception",
-            "-p", "no:threadexception", *args]
+    # exception plugins call gc.collect() five times per session (tens of ms); the others
+    # serve features a test run here never uses (reports, pdb, doctests, step-wise).
+    args = [a for p in _DISABLED for a in ("-p", "no:" + p)] + list(args)
     return int(pytest.main(args, plugins=[plugin]))
 
 
@@ -218,7 +230,9 @@ def warm_up(tmpdir: str) -> None:
     """
     path = os.path.join(tmpdir, "test_jxa_warmup.py")
     with open(path, "w") as f:
-        f.write("def test_warm():\n    assert [1] == [1]\n")
+        # A passing and a failing test: failure reports warm inspect's module caches too.
+        f.write("def test_warm():\n    assert [1] == [1]\n\n"
+                "def test_warm_fail():\n    assert [1] == [2]\n")
     saved_path, saved_mods = list(sys.path), set(sys.modules)
     devnull = os.open(os.devnull, os.O_WRONLY)
     saved_fds = os.dup(1), os.dup(2)
@@ -238,3 +252,5 @@ def warm_up(tmpdir: str) -> None:
         for name in set(sys.modules) - saved_mods:
             if name.startswith("test_jxa_warmup"):
                 del sys.modules[name]
+    global _BASELINE
+    _BASELINE = _snapshot()
