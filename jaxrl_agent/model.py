@@ -360,9 +360,10 @@ class CausalLM(nnx.Module):
         first token to sample. Rows with no valid token return the logits of chunk position 0.
         """
         hidden, cache = self.extend(tokens, cache, valid)
-        n = tokens.shape[1] if valid is None else jnp.sum(valid > 0, axis=1)
-        last = jnp.clip(n - 1, 0, tokens.shape[1] - 1)
-        h_last = jnp.take_along_axis(hidden, jnp.reshape(last, (-1, 1, 1)).astype(jnp.int32), axis=1)[:, 0]
+        b, t = tokens.shape
+        n = jnp.full((b,), t, jnp.int32) if valid is None else jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
+        last = jnp.clip(n - 1, 0, t - 1)  # [B]
+        h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B, D]
         return self.logits_from_hidden(h_last), cache
 
     def decode_step(self, token: jax.Array, cache: KVCache, active: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
