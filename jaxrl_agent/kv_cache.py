@@ -24,6 +24,11 @@ import numpy as np
 from flax import struct
 
 
+# Logical axis names of k / v and lengths, for `sharding.py` to map onto a mesh.
+KV_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+LENGTHS_AXES = ("batch",)
+
+
 @struct.dataclass
 class KVCache:
     """Keys, values and per-row fill lengths (see module docstring for shapes)."""
