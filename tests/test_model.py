@@ -93,6 +93,19 @@ def test_causality_and_padding(fns):
     np.testing.assert_allclose(both[1, :8], ref, atol=1e-5)
 
 
+def test_packed_row_equals_separate_rows(fns):
+    """attention_mask may carry segment ids (1, 2, ...): a packed row attends within segments."""
+    tokens, positions, mask = _batch(9, b=1, t=8)
+    packed_mask = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]], jnp.int32)
+    packed_pos = jnp.array([[0, 1, 2, 0, 1, 2, 3, 0]], jnp.int32)
+    packed = fns["fwd"](fns["state"], tokens, packed_pos, packed_mask)[0]
+    first = fns["fwd"](fns["state"], tokens, positions, (jnp.arange(8) < 3).astype(jnp.int32)[None])[0]
+    second_tok = jnp.concatenate([tokens[:, 3:7], tokens[:, :4]], 1)
+    second = fns["fwd"](fns["state"], second_tok, positions, (jnp.arange(8) < 4).astype(jnp.int32)[None])[0]
+    np.testing.assert_allclose(packed[:3], first[:3], atol=1e-5)
+    np.testing.assert_allclose(packed[3:7], second[:4], atol=1e-5)
+
+
 def test_cached_decode_matches_full_forward(fns):
     """Prefill rows of different lengths, decode step by step, prefill a second (observation)
     chunk, decode again: every cached logit equals the full forward's at that position."""
