@@ -1,0 +1,13 @@
+"""The environment (HOST): tasks, tools, sandbox, verifier, scripted expert.
+
+- `tasks`      Task dataclass, the canonical binary-search task, the templated bug-fix
+               family (`templates/`), splits, JSONL io
+- `tools`      tool schemas, the Hermes tool-call parser, tools over a workspace, episode limits
+- `sandbox`    process-isolated execution of untrusted code (pool of workers; `jail`,
+               `sandbox_worker` and `pytest_plugin` are its internals)
+- `verifier`   independent judge of a final workspace -> reward
+- `expert`     scripted demonstrator for SFT data and baselines
+
+Nothing is imported here: sandbox workers import `jaxrl_agent.env.jail` and must stay light
+(no JAX), and every entry point lives in its own module (DESIGN §11).
+"""

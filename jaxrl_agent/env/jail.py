@@ -224,6 +224,23 @@ def enter_child(*, jail: str | None, workdir: str, uid: int | None, cpu_s: int,
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def uid_can_read(uid: int, path: str) -> bool:
+    """Whether `uid` (dropped to in a forked helper) can list `path`."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.listdir(path)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def uid_processes(uid: int) -> list[int]:
     """Live (non-zombie) processes whose real uid is `uid`, from /proc."""
     found = []
@@ -262,6 +279,41 @@ def kill_uid(uid: int, max_rounds: int = 500) -> bool:
             except ProcessLookupError:
                 pass
         time.sleep(0.001)  # let SIGKILL land
+        reap_zombies()
+    return False
+
+
+def kill_descendants(max_rounds: int = 500) -> bool:
+    """Kill every descendant of this process (used when there is no per-call uid).
+
+    This worker is a child subreaper, so every process a call left behind is either its
+    child or a descendant of one; killing the children re-parents the grandchildren here,
+    and rounds repeat until no child is left.
+    """
+    me = str(os.getpid()).encode()
+    for _ in range(max_rounds):
+        children = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    status = f.read()
+            except OSError:
+                continue
+            i = status.find(b"\nPPid:\t")
+            if i >= 0 and status[i + 7: status.find(b"\n", i + 1)] == me \
+                    and b"\nState:\tZ" not in status:
+                children.append(int(name))
+        if not children:
+            reap_zombies()
+            return True
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
         reap_zombies()
     return False
 

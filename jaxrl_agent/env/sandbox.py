@@ -26,11 +26,13 @@ Isolation levels (`Sandbox.isolation` says which one a pool got; chosen per work
     killed (kill(-1) as that uid, repeated), so nothing started by a call outlives it, even
     after setsid() or double forks;
   - stdout/stderr drained concurrently and truncated to `max_output_bytes`.
-"uid" (root, but namespaces refused): as above without the network namespace, the jail
-  and the tmpfs size cap: the child can read world-readable host files and reach the
-  network, and disk use is bounded only per file (RLIMIT_FSIZE).
-"basic" (not root): rlimits, process group kill, private copy. No uid drop, so no
-  fork-bomb bound (RLIMIT_NPROC then counts all of the user's processes) and no
+"uid" (root, but namespaces refused, e.g. a container without CAP_SYS_ADMIN): as above
+  without the network namespace, the jail and the tmpfs size cap: the child can read
+  world-readable host files and reach the network, and disk use is bounded only per file
+  (RLIMIT_FSIZE). Chosen only if the unprivileged uid can read the Python installation.
+"basic" (otherwise, e.g. not root): rlimits, private copy, and after each call every
+  descendant of the worker is killed (it is a child subreaper). No uid drop,
+  so no fork-bomb bound (RLIMIT_NPROC then counts all of the user's processes) and no
   filesystem or network confinement. Use it for development only.
 
 Not covered at any level: CPU/memory side channels, kernel exploits, denial of service

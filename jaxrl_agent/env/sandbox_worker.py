@@ -50,9 +50,18 @@ class _Worker:
                 if cfg.isolation == "namespaces":
                     raise RuntimeError(f"sandbox: namespaces unavailable ({e})") from e
         if self.jail is None and self.is_root and cfg.isolation != "basic":
-            self.level = "uid"
-        elif cfg.isolation in ("uid", "namespaces") and self.level != cfg.isolation:
-            raise RuntimeError(f"sandbox: isolation {cfg.isolation!r} needs root")
+            # Without the jail the unprivileged uid sees the real filesystem: it must be able
+            # to read the Python installation (not the case under a 0700 /root, e.g. pyenv).
+            if jail.uid_can_read(self.uid, os.path.dirname(os.__file__)):
+                self.level = "uid"
+            elif cfg.isolation == "uid":
+                raise RuntimeError("sandbox: isolation 'uid' needs the Python installation to "
+                                   f"be readable by uid {self.uid}")
+        if self.level == "basic":
+            self.uid = None  # run as the caller's user
+        if cfg.isolation in ("uid", "namespaces") and self.level != cfg.isolation:
+            raise RuntimeError(f"sandbox: isolation {cfg.isolation!r} unavailable "
+                               f"(got {self.level!r}; needs root)")
         self.scratch = tempfile.mkdtemp(prefix="jxa-sbx-")
         if self.jail is not None:
             self.workdir_host, self.workdir, self.tmp = (
@@ -103,6 +112,8 @@ class _Worker:
         t_child = time.perf_counter() - t_start
         if self.uid is not None:
             jail.kill_uid(self.uid)
+        else:
+            jail.kill_descendants()
         jail.reap_zombies()
         jail.clear_dir(self.workdir_host)
         jail.clear_dir(self.tmp)
@@ -208,6 +219,8 @@ class _Worker:
             _killpg(pid)
             if self.uid is not None:
                 jail.kill_uid(self.uid)
+            else:
+                jail.kill_descendants()
             for fd in open_fds:
                 i = fds.index(fd)
                 os.set_blocking(fd, False)
