@@ -133,6 +133,13 @@ def test_read_errors(ws, args, msg):
     assert not res.ok and msg in res.text and not res.done
 
 
+def test_binary_file_is_an_error_not_a_crash(ws):
+    with open(os.path.join(ws, "blob.bin"), "wb") as f:
+        f.write(bytes(range(256)))
+    res = call(Tools(ws, []), "read_file", path="blob.bin")
+    assert not res.ok and res.text.startswith("Error: UnicodeDecodeError")
+
+
 def test_symlink_out_of_workspace_is_refused(ws, tmp_path):
     secret = tmp_path / "secret.txt"
     secret.write_text("secret")

@@ -194,8 +194,13 @@ def test_fork_bomb_that_replicates_the_test_session(sb, ws):
     # Every copy finishes the import and runs the tests: several sessions report.
     put(ws, "import os\nfor _ in range(10):\n    try:\n        os.fork()\n"
             "    except OSError:\n        pass\n" + FIXED)
-    check(sb, ws)
+    check(sb, ws, "forked_session")
     assert _no_leftovers(sb)
+
+
+def test_a_harmless_fork_does_not_cost_a_correct_fix(sb, ws):
+    put(ws, "import os\nif os.fork() == 0:\n    os._exit(0)\n" + FIXED)
+    assert verify(TASK, ws, sb).reward == 1.0
 
 
 def test_memory_bomb(sb, ws):

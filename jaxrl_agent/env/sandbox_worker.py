@@ -180,9 +180,7 @@ class _Worker:
             os._exit(code)
         except BaseException as e:  # noqa: BLE001 - report anything, then die
             try:
-                import traceback
                 os.write(2, f"sandbox: cannot start {argv[:1]}: {e!r}\n".encode())
-                os.write(2, traceback.format_exc().encode())
             finally:
                 os._exit(127)
         os._exit(127)
