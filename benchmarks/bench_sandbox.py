@@ -80,7 +80,7 @@ def pool_run(sb: Sandbox, ws: str, files: list[str]) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=64)
-    p.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 2))
+    p.add_argument("--workers", type=int, default=2 * (os.cpu_count() or 1))
     p.add_argument("--overhead-calls", type=int, default=200)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--memory-mb", type=int, default=1024)
