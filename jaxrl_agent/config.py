@@ -81,3 +81,122 @@ class SamplingConfig:
     """Allowed prefill chunk lengths; a chunk is padded up to the smallest bucket that fits."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""
+
+
+# ---- trainer configs (trajectory.py, sharding.py, train_step.py, lora.py, checkpoint.py) ----
+@dataclass(frozen=True)
+class TrajectoryConfig:
+    """How `trajectory.collate` turns episodes into a padded `TrainBatch`."""
+
+    buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+    """Allowed padded lengths T; a batch is padded to the smallest bucket that fits it."""
+    batch_multiple: int = 1
+    """Pad the row count B up to a multiple of this (data * fsdp devices) with empty rows."""
+    overflow: str = "error"
+    """An episode longer than the largest bucket: "error" (reject) or "truncate" (keep the
+    first max-bucket tokens and record the reason in `CollateInfo.truncated`)."""
+    pack: bool = False
+    """Pack several short episodes into one row (segment ids in attention_mask, positions
+    restarting per segment). For token-level losses (SFT) only: RL losses read one reward
+    and one group per row."""
+    pad_id: int = 0
+    """Token id written on padding positions (never attended to, never in a loss)."""
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh with axes ("data", "fsdp", "tensor") and the parameter sharding preset."""
+
+    data: int = -1
+    """Data-parallel axis size; -1 takes every device not used by fsdp * tensor."""
+    fsdp: int = 1
+    """Fully-sharded data-parallel axis size (parameters and batch both split over it)."""
+    tensor: int = 1
+    """Tensor-parallel axis size (heads / mlp / vocab split over it)."""
+    preset: str = "dp"
+    """Parameter sharding preset: "dp" (replicated), "fsdp", "fsdp+tp"."""
+    max_replicated_fraction: float = 0.05
+    """Under an fsdp preset, fail if more than this fraction of parameter bytes is replicated."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with global-norm gradient clipping and a learning-rate schedule."""
+
+    learning_rate: float = 1e-5
+    """Peak learning rate."""
+    schedule: str = "constant"
+    """"constant", "linear" (decay to min_lr_ratio * peak) or "cosine"; all after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many optimizer steps."""
+    total_steps: int = 1000
+    """Length of the decay schedule in optimizer steps (linear / cosine)."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of the peak (linear / cosine)."""
+    b1: float = 0.9
+    """Adam beta1."""
+    b2: float = 0.999
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this (None disables clipping)."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on the attention and MLP projections; rank 0 disables LoRA."""
+
+    rank: int = 0
+    """Adapter rank r (0: train every parameter)."""
+    alpha: float = 16.0
+    """Scale: W_eff = W + (alpha / r) A B."""
+    targets: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    """Projection weights that get an adapter."""
+    init_std: float | None = None
+    """Std of A's normal init (None: 1 / sqrt(fan_in)); B starts at 0, so W_eff = W at init."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One rollout batch -> several optimizer updates (`train_step.make_train_step`)."""
+
+    loss: LossConfig = LossConfig()
+    """Handed to the LossFn unchanged."""
+    mesh: MeshConfig = MeshConfig()
+    """Device mesh and parameter sharding preset."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters (rank 0: full fine-tuning)."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch."""
+    num_mini_batches: int = 1
+    """Optimizer updates per epoch; the batch is split into this many mini-batches."""
+    shuffle: bool = True
+    """Permute rows (with the state's RNG) before each epoch's mini-batch split."""
+    num_micro_batches: int = 1
+    """Gradient accumulation: micro-batches per mini-batch (exactly the full mini-batch gradient)."""
+    old_logp: str = "sampler"
+    """Where `old_logp` comes from when the batch has none: "sampler" (sampler_logp) or
+    "recompute" (the trainer's log-probs before the first update)."""
+    use_ref: bool = False
+    """Fill `ref_logp` from the frozen reference policy (initial params, or the LoRA base)."""
+    advantage: str = "loss"
+    """"loss": the LossFn derives advantages per mini-batch; "grpo", "dr_grpo", "rloo", "gae",
+    "reinforce_pp": computed once on device over the whole rollout batch (needed for group
+    advantages when num_mini_batches > 1)."""
+    logp_chunk_size: int = 64
+    """Sequence chunk of the log-prob / entropy path (memory O(B * chunk * V))."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """orbax checkpointing (checkpoint.py)."""
+
+    directory: str = "checkpoints"
+    """Root directory; one sub-directory per saved step."""
+    max_to_keep: int = 3
+    """Keep the last N checkpoints."""
+    save_every: int = 100
+    """Save every this many training steps (the loops also save at the end)."""

@@ -1,0 +1,139 @@
+"""HOST: offline training loops: SFT on episodes and DPO on preference pairs of episodes.
+
+Both go through the same `TrainStep` as RL (only the LossFn differs: `LOSSES["sft"]`, the
+masked NLL on assistant tokens, and `LOSSES["dpo"]` on rows 2i chosen / 2i+1 rejected with the
+frozen reference policy filling `ref_logp`). The data iterator's position is checkpointed with
+the state, so a run killed at any point resumes from its last checkpoint and reproduces the
+uninterrupted run exactly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_agent.checkpoint import Checkpointer
+from jaxrl_agent.config import CheckpointConfig, OptimConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.loss_registry import LOSSES
+from jaxrl_agent.train_step import TrainState, TrainStep, make_optimizer, make_train_step
+from jaxrl_agent.trajectory import Episode, collate, preference_pairs
+
+
+# ---- data ----
+class DataIterator:
+    """Deterministic, resumable batches over a list: each epoch a fresh permutation seeded by
+    (seed, epoch); `position()` / `restore()` capture where the next batch starts. A batch never
+    straddles two epochs (the remainder of an epoch is dropped)."""
+
+    def __init__(self, items: Sequence, batch_size: int, seed: int = 0, shuffle: bool = True):
+        if batch_size < 1 or batch_size > len(items):
+            raise ValueError(f"batch_size must be in [1, {len(items)}] (number of items), got {batch_size}")
+        self.items, self.batch_size, self.seed, self.shuffle = list(items), batch_size, seed, shuffle
+        self.epoch, self.index = 0, 0
+
+    def _order(self) -> np.ndarray:
+        n = len(self.items)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
+
+    def next(self) -> list:
+        """The next batch of items."""
+        if self.index + self.batch_size > len(self.items):
+            self.epoch, self.index = self.epoch + 1, 0
+        idx = self._order()[self.index:self.index + self.batch_size]
+        self.index += self.batch_size
+        return [self.items[i] for i in idx]
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_items": len(self.items)}
+
+    def restore(self, pos: dict) -> None:
+        if pos.get("num_items") != len(self.items) or pos.get("seed") != self.seed:
+            raise ValueError(f"checkpointed data position {pos} does not match this dataset "
+                             f"({len(self.items)} items, seed {self.seed})")
+        self.epoch, self.index = int(pos["epoch"]), int(pos["index"])
+
+
+# ---- the shared loop ----
+def train_offline(
+    model,
+    items: Sequence,
+    to_batch: Callable[[list], object],
+    loss_name: str,
+    *,
+    train_cfg: TrainConfig,
+    optim_cfg: OptimConfig,
+    num_steps: int,
+    batch_size: int,
+    ckpt_cfg: CheckpointConfig | None = None,
+    seed: int = 0,
+    mesh=None,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> tuple[TrainState, list[dict], TrainStep]:
+    """Train `model` for `num_steps` steps of `LOSSES[loss_name]` on batches of `items`.
+
+    With `ckpt_cfg`, resumes from the latest checkpoint in its directory (state and data
+    position), saves every `save_every` steps and at the end. `on_step(step, metrics)` is
+    called after every step (logging; raising there stops the run like a kill would).
+    Returns (final state, per-step metrics as floats, the TrainStep).
+    """
+    step_fn = make_train_step(LOSSES[loss_name], make_optimizer(optim_cfg), train_cfg, model, mesh=mesh)
+    data = DataIterator(items, batch_size, seed=seed)
+    ckpt = Checkpointer(ckpt_cfg) if ckpt_cfg is not None else None
+    if ckpt is not None and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(step_fn.abstract_state())
+        data.restore(meta["data_position"])
+    else:
+        state = step_fn.init_state(model, seed=seed)
+    history: list[dict] = []
+    try:
+        start = int(jax.device_get(state.step))
+        for step in range(start + 1, num_steps + 1):
+            # ---- one batch -> one train step ----
+            t0 = time.perf_counter()
+            batch = to_batch(data.next())
+            state, metrics = step_fn(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics["step_time_s"] = time.perf_counter() - t0
+            history.append(metrics)
+            # ---- checkpoint, then report (a crash in the report keeps the checkpoint) ----
+            if ckpt is not None and (ckpt.should_save(step) or step == num_steps):
+                ckpt.save(step, state, data_position=data.position(), config=train_cfg,
+                          extra={"loss": loss_name, "optim": optim_cfg})
+            if on_step is not None:
+                on_step(step, metrics)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    return state, history, step_fn
+
+
+# ---- SFT and DPO ----
+def run_sft(model, episodes: Sequence[Episode], *, train_cfg: TrainConfig, optim_cfg: OptimConfig,
+            traj_cfg: TrajectoryConfig, num_steps: int, batch_size: int, **kw):
+    """SFT: masked NLL on the assistant tokens (loss_mask == 1) of `episodes`.
+
+    Every episode must have at least one loss token. Keyword args as `train_offline`.
+    """
+    empty = [i for i, ep in enumerate(episodes) if not any(ep.loss_mask)]
+    if empty:
+        raise ValueError(f"episodes {empty[:5]} have no assistant (loss_mask == 1) tokens to train on")
+    return train_offline(model, episodes, lambda eps: collate(eps, traj_cfg)[0], "sft", train_cfg=train_cfg,
+                         optim_cfg=optim_cfg, num_steps=num_steps, batch_size=batch_size, **kw)
+
+
+def run_dpo(model, pairs: Sequence[tuple[Episode, Episode]], *, train_cfg: TrainConfig, optim_cfg: OptimConfig,
+            traj_cfg: TrajectoryConfig, num_steps: int, batch_size: int, **kw):
+    """DPO on (chosen, rejected) episode pairs; `batch_size` counts pairs.
+
+    The reference policy is the frozen initial model (or the LoRA base): `use_ref` is forced
+    on. Mini-batch shuffling would separate rows 2i / 2i+1, so it is turned off.
+    """
+    bad = [i for i, (c, r) in enumerate(pairs) if not any(c.loss_mask) or not any(r.loss_mask)]
+    if bad:
+        raise ValueError(f"pairs {bad[:5]} have a side without response (loss_mask == 1) tokens")
+    train_cfg = replace(train_cfg, use_ref=True, shuffle=False)
+    return train_offline(model, pairs, lambda ps: preference_pairs(ps, traj_cfg), "dpo", train_cfg=train_cfg,
+                         optim_cfg=optim_cfg, num_steps=num_steps, batch_size=batch_size, **kw)

@@ -1,0 +1,224 @@
+"""HOST: episodes (Python lists of exact token ids) -> a padded `TrainBatch` (DESIGN §3).
+
+This is the only place that pads. A batch is padded to the smallest length bucket that fits
+its longest row, and its row count to a multiple of the data-parallel device count, so the
+train step compiles once per (rows, bucket) pair instead of once per batch. Padding has every
+mask 0, `turn_id == -1` and a group of its own (padding rows never join a real group).
+
+The scalar reward of an episode is placed on its last policy token (`token_rewards`), which
+is where GAE and REINFORCE++ read it; group advantages read `reward` / `group_id` per row.
+
+Packing (`TrajectoryConfig.pack`) puts several short episodes in one row: `attention_mask`
+holds segment ids 1, 2, ... (the model attends within a segment only) and `positions` restart
+at 0 in every segment. It is meant for token-level losses (SFT); an RL batch keeps one
+episode per row because its losses read one reward and one group per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from jaxrl_agent.config import TrajectoryConfig
+from jaxrl_agent.structs import TrainBatch
+
+TERMINATIONS = ("submitted", "max_turns", "max_tokens", "parse_error_limit", "sandbox_error", "")
+
+
+# ---- the episode ----
+@dataclass
+class Episode:
+    """One agent episode as built by `tokenizer.EpisodeBuilder` plus its outcome.
+
+    ids:          exact token ids, prompt + every turn, never re-tokenized.
+    loss_mask:    1 on ids the sampler returned (trained on), 0 on rendered text.
+    sampler_logp: the sampler's log-prob on sampled ids, 0.0 elsewhere.
+    turn_id:      turn index of each id (0 = prompt + first response).
+    reward:       scalar outcome (the verifier's reward).
+    group_id:     episodes of one prompt share a group (GRPO / RLOO baselines).
+    termination:  why the episode ended (one of TERMINATIONS; "" when unknown).
+    info:         free-form extras (task id, failures, ...), not sent to the device.
+    """
+
+    ids: list[int]
+    loss_mask: list[int]
+    sampler_logp: list[float]
+    turn_id: list[int]
+    reward: float = 0.0
+    group_id: int = 0
+    termination: str = ""
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_builder(cls, builder, *, reward: float = 0.0, group_id: int = 0, termination: str = "", info=None) -> "Episode":
+        """Snapshot a `tokenizer.EpisodeBuilder` (copies its lists)."""
+        return cls(list(builder.ids), list(builder.loss_mask), list(builder.sampler_logp), list(builder.turn_id),
+                   float(reward), int(group_id), termination, dict(info or {}))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def validate(self) -> None:
+        """Raise ValueError when the per-token lists disagree or hold impossible values."""
+        n = len(self.ids)
+        lens = {"loss_mask": len(self.loss_mask), "sampler_logp": len(self.sampler_logp), "turn_id": len(self.turn_id)}
+        if n == 0:
+            raise ValueError("empty episode (no token ids)")
+        if any(v != n for v in lens.values()):
+            raise ValueError(f"episode has {n} ids but per-token lists of lengths {lens}")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask must hold only 0 and 1")
+        if self.termination not in TERMINATIONS:
+            raise ValueError(f"unknown termination {self.termination!r}; expected one of {TERMINATIONS}")
+        if not np.isfinite(self.reward):
+            raise ValueError(f"reward must be finite, got {self.reward}")
+
+
+@dataclass(frozen=True)
+class CollateInfo:
+    """What `collate` did besides padding.
+
+    rows:      index of the episode(s) in each batch row (packed rows hold several; padding
+               rows hold none).
+    truncated: episode index -> reason, for every episode cut at the largest bucket.
+    length:    the bucket T the batch was padded to.
+    """
+
+    rows: tuple[tuple[int, ...], ...]
+    truncated: dict
+    length: int
+
+
+# ---- helpers ----
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n. Raises ValueError when n exceeds every bucket."""
+    fit = [b for b in sorted(buckets) if b >= n]
+    if not fit:
+        raise ValueError(f"length {n} exceeds the largest bucket {max(buckets)}")
+    return fit[0]
+
+
+def _fit(episodes: Sequence[Episode], cfg: TrajectoryConfig) -> tuple[list[Episode], dict]:
+    """Validate, and truncate or reject episodes longer than the largest bucket."""
+    if not cfg.buckets or min(cfg.buckets) < 1:
+        raise ValueError(f"TrajectoryConfig.buckets must be positive lengths, got {cfg.buckets}")
+    if cfg.overflow not in ("error", "truncate"):
+        raise ValueError(f"TrajectoryConfig.overflow must be 'error' or 'truncate', got {cfg.overflow!r}")
+    limit, out, truncated = max(cfg.buckets), [], {}
+    for i, ep in enumerate(episodes):
+        ep.validate()
+        if len(ep) > limit:
+            if cfg.overflow == "error":
+                raise ValueError(f"episode {i} has {len(ep)} tokens, more than the largest bucket {limit} "
+                                 f"(set overflow='truncate' or add a bucket)")
+            truncated[i] = f"truncated from {len(ep)} to {limit} tokens (largest bucket)"
+            ep = Episode(ep.ids[:limit], ep.loss_mask[:limit], ep.sampler_logp[:limit], ep.turn_id[:limit],
+                         ep.reward, ep.group_id, ep.termination, {**ep.info, "truncated": truncated[i]})
+        out.append(ep)
+    return out, truncated
+
+
+def _pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """First-fit-decreasing bin packing of episode lengths into rows of `capacity` tokens."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(capacity - lengths[i])
+    return [sorted(r) for r in rows]
+
+
+# ---- collate ----
+def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfig()) -> tuple[TrainBatch, CollateInfo]:
+    """Pad (or pack) episodes into a `TrainBatch` of NumPy arrays.
+
+    Args:
+      episodes: at least one `Episode`.
+      cfg: buckets, row multiple, overflow policy, packing, pad id.
+    Returns:
+      (batch, info): batch fields `[B, T]` (`group_id`, `reward` `[B]`) with T a bucket and B
+      a multiple of `cfg.batch_multiple`; `ref_logp`, `old_logp`, `old_values` and
+      `advantages` are None (the train step fills what it needs). `info` maps rows back to
+      episodes and records truncations.
+    Raises:
+      ValueError on an empty list, an inconsistent episode, an overflow under
+      `overflow="error"`, or packing episodes that carry rewards.
+    """
+    if not episodes:
+        raise ValueError("collate needs at least one episode")
+    if cfg.batch_multiple < 1:
+        raise ValueError(f"batch_multiple must be >= 1, got {cfg.batch_multiple}")
+    eps, truncated = _fit(episodes, cfg)
+    if cfg.pack:
+        if any(ep.reward != 0.0 for ep in eps):
+            raise ValueError("packing is for token-level losses (SFT): RL episodes carry rewards and need one "
+                             "episode per row (set TrajectoryConfig.pack=False)")
+        rows = _pack_rows([len(ep) for ep in eps], max(cfg.buckets))
+        longest = max(sum(len(eps[i]) for i in row) for row in rows)
+    else:
+        rows = [[i] for i in range(len(eps))]
+        longest = max(len(ep) for ep in eps)
+    T = bucket_length(longest, cfg.buckets)
+    B = -(-len(rows) // cfg.batch_multiple) * cfg.batch_multiple
+
+    tokens = np.full((B, T), cfg.pad_id, np.int32)
+    positions = np.zeros((B, T), np.int32)
+    attention_mask = np.zeros((B, T), np.int32)
+    loss_mask = np.zeros((B, T), np.int32)
+    sampler_logp = np.zeros((B, T), np.float32)
+    turn_id = np.full((B, T), -1, np.int32)
+    token_rewards = np.zeros((B, T), np.float32)
+    reward = np.zeros((B,), np.float32)
+    # Padding rows get group ids below every real one, each its own group of one.
+    group_id = np.asarray([-(b + 1) for b in range(B)], np.int32) + min(0, min(ep.group_id for ep in eps))
+
+    for r, row in enumerate(rows):
+        start = 0
+        for seg, i in enumerate(row, start=1):
+            ep, n = eps[i], len(eps[i])
+            sl = slice(start, start + n)
+            tokens[r, sl] = ep.ids
+            positions[r, sl] = np.arange(n)
+            attention_mask[r, sl] = seg  # 1 for an unpacked row
+            loss_mask[r, sl] = ep.loss_mask
+            sampler_logp[r, sl] = np.asarray(ep.sampler_logp, np.float32) * np.asarray(ep.loss_mask, np.float32)
+            turn_id[r, sl] = ep.turn_id
+            policy = np.flatnonzero(np.asarray(ep.loss_mask))
+            if policy.size:  # the outcome lands on the last token the policy chose
+                token_rewards[r, start + policy[-1]] = ep.reward
+            start += n
+        reward[r] = eps[row[0]].reward
+        group_id[r] = eps[row[0]].group_id
+    batch = TrainBatch(tokens=tokens, positions=positions, attention_mask=attention_mask, loss_mask=loss_mask,
+                       sampler_logp=sampler_logp, turn_id=turn_id, token_rewards=token_rewards,
+                       group_id=group_id, reward=reward)
+    info = CollateInfo(rows=tuple(tuple(r) for r in rows) + ((),) * (B - len(rows)), truncated=truncated, length=T)
+    return batch, info
+
+
+def preference_pairs(pairs: Sequence[tuple[Episode, Episode]], cfg: TrajectoryConfig = TrajectoryConfig()) -> TrainBatch:
+    """DPO batch: rows 2i (chosen) and 2i+1 (rejected), the layout the "dpo" LossFn expects.
+
+    Each pair gets its own group id i. Packing is refused (a pair must stay two rows), and
+    the row count is padded with empty *pairs*, so `batch_multiple` must be even.
+    """
+    if not pairs:
+        raise ValueError("preference_pairs needs at least one (chosen, rejected) pair")
+    if cfg.pack:
+        raise ValueError("DPO rows cannot be packed (rows 2i / 2i+1 form a pair)")
+    if cfg.batch_multiple % 2 and cfg.batch_multiple != 1:
+        raise ValueError(f"batch_multiple must be even (or 1) for pairs, got {cfg.batch_multiple}")
+    flat = []
+    for i, (chosen, rejected) in enumerate(pairs):
+        for ep in (chosen, rejected):
+            flat.append(Episode(ep.ids, ep.loss_mask, ep.sampler_logp, ep.turn_id, 0.0, i, ep.termination, ep.info))
+    multiple = cfg.batch_multiple if cfg.batch_multiple % 2 == 0 else 2
+    batch, _ = collate(flat, TrajectoryConfig(cfg.buckets, multiple, cfg.overflow, False, cfg.pad_id))
+    return batch
