@@ -25,7 +25,7 @@ import random
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from jaxrl_agent.env.tasks import Task, generate_tasks
+from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import (ToolConfig, Tools, ToolSession, create_workspaces,
                                    format_tool_call)
 from jaxrl_agent.env.verifier import verify
@@ -172,7 +172,7 @@ def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
     with tempfile.TemporaryDirectory() as root:
         for style in styles:
             def one(i: int) -> Transcript:
-                ws = create_workspaces({**tasks[i].files, **tasks[i].dev_tests},
+                ws = create_workspaces(workspace_files(tasks[i]),
                                        os.path.join(root, style, str(i)), 1)[0]
                 return run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg)
 

@@ -80,17 +80,10 @@ def _call(source: str, fn: str, args: tuple, budget: int = 20000):
         sys.settrace(old)
 
 
-def same(actual, expected) -> bool:
-    """Exact equality: same type all the way down, then ==. The hidden tests use this too."""
-    if type(actual) is not type(expected):
-        return False
-    if isinstance(expected, (list, tuple)):
-        return len(actual) == len(expected) and all(map(same, actual, expected))
-    return actual == expected
-
-
 # ---- rendering ----
 
+# The exact-match helper, defined once as source: the hidden test files embed this text
+# (they must not import this package) and `same` below is the very same function.
 _SAME_SRC = '''
 
 def _same(actual, expected):
@@ -101,6 +94,15 @@ def _same(actual, expected):
         return len(actual) == len(expected) and all(map(_same, actual, expected))
     return actual == expected
 '''
+_ns: dict = {}
+exec(_SAME_SRC, _ns)
+same = _ns["_same"]
+same.__doc__ = "Exact equality: same type all the way down, then ==. The hidden tests use it."
+
+
+def workspace_files(task: "Task") -> dict[str, str]:
+    """What an episode's workspace starts with: the buggy sources and the dev tests."""
+    return {**task.files, **task.dev_tests}
 
 
 def _args_src(args: tuple) -> str:
