@@ -22,10 +22,11 @@ Isolation levels (`Sandbox.isolation` says which one a pool got; chosen per work
   - unprivileged uid/gid per worker (base_uid + index): RLIMIT_NPROC bounds fork bombs
     (root is exempt from it, hence the uid), the caller's workspace cannot be changed;
   - rlimits: CPU seconds, address space, file size, open files, core dumps off;
-  - wall timeout kills the process group; afterwards every process of the worker's uid is
-    killed (kill(-1) as that uid, repeated), so nothing started by a call outlives it, even
-    after setsid() or double forks;
-  - stdout/stderr drained concurrently and truncated to `max_output_bytes`.
+  - wall timeout kills the process group; afterwards every live process of the worker's
+    uid (found in /proc) is SIGKILLed, repeatedly until none is left, so nothing started
+    by a call outlives it, even after setsid() or double forks;
+  - stdin is /dev/null; stdout/stderr are drained concurrently and truncated to
+    `max_output_bytes`; all other descriptors of the worker are closed in the child.
 "uid" (root, but namespaces refused, e.g. a container without CAP_SYS_ADMIN): as above
   without the network namespace, the jail and the tmpfs size cap: the child can read
   world-readable host files and reach the network, and disk use is bounded only per file
@@ -44,6 +45,7 @@ because a bwrap exec per call would need a fresh interpreter and lose the fork f
 
 A worker that dies (or stops answering) is killed and replaced; that call returns a
 `RunResult` with `error` set. `run` never raises for anything the child does.
+Linux only (pidfd_open needs kernel >= 5.3); the tmpfs cap of each worker counts as RAM.
 """
 from __future__ import annotations
 
