@@ -204,7 +204,7 @@ def _assemble(tpl, pick, mod, reference, buggy, singles, chosen, hidden, dev, *,
     fn = pick["fn"]
     src_path, dev_path, hid_path = f"{mod}.py", f"test_{mod}.py", f"test_{mod}_hidden.py"
     summary = tpl.summary.format(**pick)
-    instruction = (f"The function `{fn}` in `{src_path}` {summary}. It has a bug. Fix it so it "
+    instruction = (f"The function `{fn}` in `{src_path}` {summary}. It is buggy. Fix it so it "
                    f"is correct on all inputs, including edge cases; `{dev_path}` tests only "
                    f"some of them.")
     files = {src_path: buggy}
