@@ -71,15 +71,19 @@ def train_offline(
     seed: int = 0,
     mesh=None,
     on_step: Callable[[int, dict], None] | None = None,
+    train_step: TrainStep | None = None,
 ) -> tuple[TrainState, list[dict], TrainStep]:
     """Train `model` for `num_steps` steps of `LOSSES[loss_name]` on batches of `items`.
 
     With `ckpt_cfg`, resumes from the latest checkpoint in its directory (state and data
     position), saves every `save_every` steps and at the end. `on_step(step, metrics)` is
     called after every step (logging; raising there stops the run like a kill would).
+    `train_step` reuses an already compiled step built for `LOSSES[loss_name]` and `train_cfg`.
     Returns (final state, per-step metrics as floats, the TrainStep).
     """
-    step_fn = make_train_step(LOSSES[loss_name], make_optimizer(optim_cfg), train_cfg, model, mesh=mesh)
+    step_fn = train_step or make_train_step(LOSSES[loss_name], make_optimizer(optim_cfg), train_cfg, model, mesh=mesh)
+    if step_fn.loss_fn is not LOSSES[loss_name]:
+        raise ValueError(f"train_step was built for another loss than {loss_name!r}")
     data = DataIterator(items, batch_size, seed=seed)
     ckpt = Checkpointer(ckpt_cfg) if ckpt_cfg is not None else None
     if ckpt is not None and ckpt.latest_step() is not None:
@@ -135,5 +139,8 @@ def run_dpo(model, pairs: Sequence[tuple[Episode, Episode]], *, train_cfg: Train
     if bad:
         raise ValueError(f"pairs {bad[:5]} have a side without response (loss_mask == 1) tokens")
     train_cfg = replace(train_cfg, use_ref=True, shuffle=False)
+    given = kw.get("train_step")
+    if given is not None and not (given.cfg.use_ref and (not given.cfg.shuffle or given.cfg.num_mini_batches == 1)):
+        raise ValueError("run_dpo needs a train_step built with use_ref=True and no mini-batch shuffling")
     return train_offline(model, pairs, lambda ps: preference_pairs(ps, traj_cfg), "dpo", train_cfg=train_cfg,
                          optim_cfg=optim_cfg, num_steps=num_steps, batch_size=batch_size, **kw)
