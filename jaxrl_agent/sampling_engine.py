@@ -88,7 +88,8 @@ class SamplingEngine:
     # ---- params ----
 
     def update_params(self, params: CausalLM | nnx.State) -> None:
-        """Use new params (a model or its `nnx.state`) with the same shapes: no recompilation."""
+        """Use new params (a model or its `nnx.state`): no recompilation while their shapes,
+        dtypes and shardings stay those of the params the engine was built with."""
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
         if jax.tree.structure(state) != jax.tree.structure(self.state):
             raise ValueError("update_params: the new params do not have the structure of the engine's model")
