@@ -131,6 +131,22 @@ def test_unknown_options_are_rejected():
         Sandbox(num_workers=0)
 
 
+def test_pools_use_disjoint_uids_and_do_not_kill_each_other(sb, ws):
+    if sb.isolation == "basic":
+        pytest.skip("no per-worker uids at level basic")
+    with Sandbox(num_workers=1, timeout_s=5) as other:
+        mine = set(range(sb.config.base_uid, sb.config.base_uid + sb.config.num_workers))
+        assert other.config.base_uid not in mine
+        slow = {}
+        t = threading.Thread(target=lambda: slow.update(r=py(sb, ws, "import time\n"
+                                                             "time.sleep(1)\nprint('slept')")))
+        t.start()
+        for _ in range(5):  # the other pool's cleanup runs while the slow call sleeps
+            assert_pool_ok(other, ws)
+        t.join()
+        assert slow["r"].returncode == 0 and slow["r"].stdout == "slept\n", slow["r"]
+
+
 def test_wall_timeout_kills_infinite_loop(sb, ws):
     r = py(sb, ws, "while True: pass", timeout_s=2)
     assert r.timed_out and r.returncode == -signal.SIGKILL

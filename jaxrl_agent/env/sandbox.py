@@ -19,7 +19,7 @@ Isolation levels (`Sandbox.isolation` says which one a pool got; chosen per work
     directories, the Python installation and a few /etc files; a writable `/workspace`
     (the private copy) and `/tmp` on a size-limited tmpfs (disk-fill bound). The host's
     other files (home dirs, the repository, other episodes' workspaces, /proc) are absent;
-  - unprivileged uid/gid per worker (base_uid + index): RLIMIT_NPROC bounds fork bombs
+  - unprivileged uid/gid per worker, unique on the machine: RLIMIT_NPROC bounds fork bombs
     (root is exempt from it, hence the uid), the caller's workspace cannot be changed;
   - rlimits: CPU seconds, address space, file size, open files, core dumps off;
   - wall timeout kills the process group; afterwards every live process of the worker's
@@ -50,6 +50,7 @@ Linux only (pidfd_open needs kernel >= 5.3); the tmpfs cap of each worker counts
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import multiprocessing as mp
 import os
 import queue
@@ -83,8 +84,10 @@ class SandboxConfig:
     """Processes/threads per worker uid (RLIMIT_NPROC; needs the uid drop)."""
     max_open_files: int = 256
     """RLIMIT_NOFILE of the child."""
-    base_uid: int = 61000
-    """Worker i runs untrusted code as uid/gid base_uid + i (root only)."""
+    base_uid: int = 100000
+    """Worker i of pool slot k runs untrusted code as uid/gid base_uid + k * 256 + i (root
+    only). Slots are claimed with a lock file, so pools in different processes never share
+    a uid (a pool's cleanup kills every process of its uids)."""
     isolation: str = "auto"
     """"auto" (best available), "namespaces", "uid" or "basic"; a forced level that the
     machine cannot provide makes the pool fail to start with a clear error."""
@@ -177,10 +180,15 @@ class Sandbox:
         given = dict(num_workers=num_workers, timeout_s=timeout_s, memory_mb=memory_mb, **overrides)
         cfg = dataclasses.replace(config or SandboxConfig(),
                                   **{k: v for k, v in given.items() if v is not None})
-        if cfg.num_workers < 1 or cfg.timeout_s <= 0 or cfg.memory_mb < 64:
-            raise ValueError("Sandbox: need num_workers >= 1, timeout_s > 0, memory_mb >= 64")
+        if not 1 <= cfg.num_workers <= _SLOT or cfg.timeout_s <= 0 or cfg.memory_mb < 64:
+            raise ValueError(f"Sandbox: need 1 <= num_workers <= {_SLOT}, timeout_s > 0, "
+                             "memory_mb >= 64")
         if cfg.isolation not in ("auto", "namespaces", "uid", "basic"):
             raise ValueError(f"Sandbox: unknown isolation {cfg.isolation!r}")
+        self._slot_lock = None
+        if os.geteuid() == 0:
+            slot, self._slot_lock = _claim_slot()
+            cfg = dataclasses.replace(cfg, base_uid=cfg.base_uid + slot * _SLOT)
         self.config = cfg
         self._ctx = mp.get_context("spawn")  # never fork the caller (it may hold JAX threads)
         self._idle: queue.Queue[_Handle] = queue.Queue()
@@ -248,6 +256,8 @@ class Sandbox:
                 return
             self._closed = True
         _kill_all(list(self._all.values()))
+        if self._slot_lock is not None:
+            self._slot_lock.close()  # releases the uid slot
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -293,6 +303,22 @@ class Sandbox:
 
 
 _LEVELS = ["basic", "uid", "namespaces"]
+_SLOT = 256  # uids per pool slot (and the largest pool)
+_SLOT_DIR = "/tmp/jxa-sandbox-uid-slots"
+
+
+def _claim_slot(max_slots: int = 1024):
+    """Lock the first free uid slot; the open file holds the lock for the pool's lifetime
+    (the kernel drops it if the process dies)."""
+    os.makedirs(_SLOT_DIR, mode=0o700, exist_ok=True)
+    for slot in range(max_slots):
+        f = open(os.path.join(_SLOT_DIR, f"{slot}.lock"), "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, f
+        except OSError:
+            f.close()
+    raise RuntimeError(f"sandbox: all {max_slots} uid slots are in use")
 
 
 def _kill_all(handles: list[_Handle]) -> None:
