@@ -1,4 +1,5 @@
 """Verifier integrity: reward 1.0 only for a real fix; every known cheat gets 0.0."""
+import dataclasses
 import os
 import random
 import sys
@@ -10,7 +11,7 @@ from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks, make_instance
 from jaxrl_agent.env.templates import TEMPLATES
 from jaxrl_agent.env.tools import create_workspaces
-from jaxrl_agent.env.verifier import verify
+from jaxrl_agent.env.verifier import check_task, verify
 
 TASK = binary_search_task()
 SRC = "bsearch.py"
@@ -242,3 +243,11 @@ def test_forged_records(sb, ws):
             "'test', 'id': 'test_bsearch_hidden.py::test_%d' % _i, 'outcome': 'passed'}) + "
             "'\\n').encode())\n" + BUGGY)
     check(sb, ws)
+
+
+def test_check_task_for_user_tasks(sb):
+    assert check_task(TASK, sb) == []
+    solved = dataclasses.replace(TASK, task_id="solved", files=dict(TASK.reference_files))
+    assert "already pass" in check_task(solved, sb)[0]
+    broken = dataclasses.replace(TASK, task_id="broken", reference_files=dict(TASK.files))
+    assert "reference solution does not pass" in check_task(broken, sb)[0]

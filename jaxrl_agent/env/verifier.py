@@ -173,3 +173,24 @@ def verify(task: Task, workspace_dir, sandbox: Sandbox | None = None, *,
         reason = "passed"
     info["reason"] = reason
     return VerifyResult(1.0 if reason == "passed" else 0.0, info)
+
+
+def check_task(task: Task, sandbox: Sandbox) -> list[str]:
+    """Problems that make a (user-provided) task unusable; empty when it is sound.
+
+    Generated tasks are checked in-process at generation time; a task loaded from JSONL
+    is foreign code, so it is checked here, in the sandbox: the reference solution must pass
+    every hidden test, and the buggy files must not.
+    """
+    problems = []
+    expected = expected_tests(task, sandbox)
+    if isinstance(expected, str):
+        problems.append(expected)
+    with tempfile.TemporaryDirectory(prefix="jxa-check-") as ws:
+        for rel, text in task.files.items():
+            os.makedirs(os.path.dirname(os.path.join(ws, rel)), exist_ok=True)
+            with open(os.path.join(ws, rel), "w", encoding="utf-8") as f:
+                f.write(text)
+        if not problems and verify(task, ws, sandbox).reward > 0:
+            problems.append(f"task {task.task_id}: the buggy files already pass the hidden tests")
+    return problems
