@@ -298,7 +298,7 @@ class TrainStep:
             grads, _ = jax.lax.scan(pull_back, zeros, (micro, g_micro))
         metrics = dict(metrics)
         metrics.update(_gap_metrics(out.logp, batch))
-        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["grad_norm"] = optax.tree.norm(grads)
         return loss, metrics, grads
 
     def _grads_only(self, state: TrainState, batch: TrainBatch):
@@ -327,7 +327,7 @@ class TrainStep:
                 jax.tree.map(lambda x: x[rows], batch), self.batch_sharding)
             loss, metrics, grads = self._loss_and_grads(params, state.frozen, mb)
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
-            metrics["update_norm"] = optax.global_norm(updates)
+            metrics["update_norm"] = optax.tree.norm(updates)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
         (params, opt_state), per_update = jax.lax.scan(update, (state.params, state.opt_state), order)

@@ -12,12 +12,12 @@ import sys
 
 import numpy as np
 
+from jaxrl_agent.model import CausalLM, ModelConfig
+
 STEPS = 2
 
 
 def tiny_config(**overrides):
-    from jaxrl_agent.model import ModelConfig
-
     base = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                 head_dim=8, rope_theta=1000.0, qkv_bias=True)
     return ModelConfig(**{**base, **overrides})
@@ -27,8 +27,6 @@ def tiny_model(seed: int = 0, **overrides):
     """A tiny CausalLM whose norms are perturbed so every parameter gets a gradient."""
     import jax
     from flax import nnx
-
-    from jaxrl_agent.model import CausalLM
 
     model = CausalLM(tiny_config(**overrides), rngs=nnx.Rngs(seed))
     for i, ((name,), var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.Param))):
