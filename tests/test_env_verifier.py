@@ -8,7 +8,8 @@ import pytest
 
 from jaxrl_agent.env import jail
 from jaxrl_agent.env.sandbox import Sandbox
-from jaxrl_agent.env.tasks import binary_search_task, generate_tasks, make_instance
+from jaxrl_agent.env.tasks import (binary_search_task, generate_tasks, make_instance,
+                                   task_from_dict)
 from jaxrl_agent.env.templates import TEMPLATES
 from jaxrl_agent.env.tools import create_workspaces
 from jaxrl_agent.env.verifier import check_task, verify
@@ -251,3 +252,46 @@ def test_check_task_for_user_tasks(sb):
     assert "already pass" in check_task(solved, sb)[0]
     broken = dataclasses.replace(TASK, task_id="broken", reference_files=dict(TASK.files))
     assert "reference solution does not pass" in check_task(broken, sb)[0]
+
+
+USER_HIDDEN = """import pytest
+from calc import add
+
+CASES = [(a, b) for a in range(3) for b in range(3)]
+
+
+@pytest.fixture
+def base():
+    return 10
+
+
+@pytest.mark.parametrize("a,b", CASES)
+def test_add(a, b):
+    assert add(a, b) == a + b
+
+
+def test_with_fixture(base, tmp_path):
+    (tmp_path / "x").write_text("1")
+    assert add(base, 1) == 11
+
+
+class TestGroup:
+    def test_negative(self):
+        assert add(-1, -1) == -2
+
+    def test_raises(self):
+        with pytest.raises(TypeError):
+            add(1, None)
+"""
+
+
+def test_user_task_with_pytest_features(sb, tmp_path):
+    task = task_from_dict(dict(
+        task_id="user-add", instruction="Fix add.", files={"calc.py": "def add(a, b):\n"
+                                                                "    return a - b\n"},
+        reference_files={"calc.py": "def add(a, b):\n    return a + b\n"},
+        hidden_tests={"tests/test_calc_hidden.py": USER_HIDDEN}))
+    assert check_task(task, sb) == []
+    ws = create_workspaces(task.reference_files, str(tmp_path), 1)[0]
+    res = verify(task, ws, sb)
+    assert res.reward == 1.0 and res.info["expected"] == 9 + 1 + 2, res.info

@@ -107,10 +107,17 @@ class MemoryModule(pytest.Module):
         sys.modules[name] = mod
         # The code objects of the module's own top-level functions, taken from the compiled
         # code (not from the module dict, which the code under test could already reach).
-        originals = {c.co_name: c for c in code.co_consts if isinstance(c, types.CodeType)}
+        originals = {c.co_name: c for c in code.co_consts
+                     if isinstance(c, types.CodeType) and c.co_name.isidentifier()}
         exec(code, mod.__dict__)
         if self.reporter is not None:  # only fully imported modules are checked at the end
-            self.reporter.watch_module(mod, originals)
+            # Watch the names bound to plain functions now, plus names bound to something
+            # that is neither a function nor an object with attributes (a constant, a
+            # builtin): those were rebound already. Classes and fixture objects are skipped.
+            watched = {n: c for n, c in originals.items()
+                       if isinstance(vars(mod).get(n), types.FunctionType)
+                       or not hasattr(vars(mod).get(n), "__dict__")}
+            self.reporter.watch_module(mod, watched)
         return mod
 
 
