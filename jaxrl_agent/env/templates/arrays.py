@@ -5,7 +5,6 @@ a strict comparison where an inclusive one is meant, a wrong pointer or index up
 """
 from __future__ import annotations
 
-import random
 
 from jaxrl_agent.env.templates import Template, ints
 
