@@ -91,3 +91,10 @@ def test_success_rates_order_on_generated_tasks(sb):
     assert res["first_bug_only"]["success_rate"] <= 1.0 - multi + 1e-9
     for r in res.values():
         assert r["n"] == 4 and set(r["terminations"]) == {"submitted"}
+
+
+def test_episodes_are_repeatable(sb, tmp_path):
+    """Same task, style and seed: the same assistant texts and the same tool results."""
+    a = episode(sb, tmp_path / "a", "wrong_first_edit", seed=3)
+    b = episode(sb, tmp_path / "b", "wrong_first_edit", seed=3)
+    assert a.turns == b.turns and a.reward == b.reward
