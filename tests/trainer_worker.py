@@ -19,7 +19,7 @@ STEPS = 2
 
 def tiny_config(**overrides):
     base = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                head_dim=8, rope_theta=1000.0, qkv_bias=True)
+                head_dim=8, rope_theta=1000.0, qkv_bias=True, architecture="Qwen2ForCausalLM")
     return ModelConfig(**{**base, **overrides})
 
 

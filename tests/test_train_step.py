@@ -1,0 +1,204 @@
+"""Tests for train_step.py and lora.py: exact micro-batch accumulation (token-mean and
+seq-mean), every registered loss lowering its loss through the step, PPO epochs /
+mini-batches, old_logp recompute, the frozen reference, LoRA, schedules, errors."""
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import trainer_worker as tw
+from jaxrl_agent import lora as lora_lib
+from jaxrl_agent import sharding as sh
+from jaxrl_agent.config import LoraConfig, LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.loss_registry import ALGORITHM_DEFAULTS, LOSSES
+from jaxrl_agent.train_step import lr_schedule, make_optimizer, make_train_step
+from jaxrl_agent.trajectory import collate, preference_pairs
+
+ONE = MeshConfig(data=1)
+
+
+@pytest.fixture(scope="module")
+def mesh1():
+    return sh.make_mesh(ONE, jax.devices()[:1])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tw.tiny_model()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    b, _ = collate(tw.random_episodes(8, seed=5), TrajectoryConfig(buckets=(32,)))
+    return b
+
+
+def _step(loss, cfg, model, mesh, lr=1e-2):
+    return make_train_step(LOSSES[loss], make_optimizer(OptimConfig(learning_rate=lr)), cfg, model, mesh=mesh)
+
+
+def _close(a, b, atol=1e-5):
+    for k in a:
+        np.testing.assert_allclose(np.asarray(a[k]), np.asarray(b[k]), atol=atol, rtol=1e-4, err_msg=k)
+
+
+# ---- exact gradient accumulation ----
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_four_micro_batches_equal_one_batch(model, batch, mesh1, agg):
+    """Rows have different token counts, so averaging per-micro-batch losses would be wrong;
+    the accumulated gradient must still equal the full batch's."""
+    loss_cfg = LossConfig(agg=agg, kl_coef=0.1)
+    base = TrainConfig(loss=loss_cfg, mesh=ONE, use_ref=True, old_logp="recompute")
+    full = _step("grpo", base, model, mesh1)
+    # seq-mean also checks that advantages precomputed over the batch == the loss's own
+    micro_cfg = replace(base, num_micro_batches=4, advantage="grpo" if agg != "token-mean" else "loss")
+    micro = _step("grpo", micro_cfg, model, mesh1)
+    loss_f, m_f, g_f = full.grads(full.init_state(model), batch)
+    loss_m, m_m, g_m = micro.grads(micro.init_state(model), batch)
+    assert abs(float(loss_f) - float(loss_m)) < 1e-6
+    assert float(m_f["grad_norm"]) > 1e-3
+    _close(g_f, g_m)
+    # recomputed old_logp and a fresh reference: ratio 1 and KL 0 at the first update
+    assert abs(float(m_m["ratio_mean"]) - 1.0) < 1e-6 and abs(float(m_m["kl"])) < 1e-6
+    assert float(m_m["clipfrac"]) == 0.0
+    if agg == "token-mean":  # the naive mean of micro-batch losses differs measurably
+        counts = np.asarray(batch.loss_mask).sum(1)
+        assert len(set(counts.tolist())) > 1
+        naive = jax.tree.map(jnp.zeros_like, g_f)
+        for k in range(4):
+            rows = jax.tree.map(lambda x: x[k::4], batch)
+            sub = _step("grpo", replace(base, num_micro_batches=1), model, mesh1) if k == 0 else sub
+            _, _, g_k = sub.grads(sub.init_state(model), rows)
+            naive = jax.tree.map(lambda a, b: a + b / 4, naive, g_k)
+        diff = max(float(jnp.abs(naive[k] - g_f[k]).max()) for k in g_f)
+        assert diff > 1e-4
+
+
+# ---- every registered loss through the step ----
+@pytest.fixture(scope="module")
+def fixed_batches(model, mesh1):
+    """Fixed batches whose old_logp is the initial policy's, so each step's pre-update loss
+    is one objective evaluated at the current parameters (one scoring compile for all)."""
+    eps = tw.random_episodes(8, seed=6)
+    rl, _ = collate(eps, TrajectoryConfig(buckets=(32,)))
+    pairs = preference_pairs(list(zip(eps[0::2], eps[1::2])), TrajectoryConfig(buckets=(32,)))
+    score = _step("sft", TrainConfig(mesh=ONE), model, mesh1)
+    state = score.init_state(model)
+    out = {}
+    for key, b in (("rl", rl), ("pairs", pairs)):
+        out[key] = b.replace(old_logp=np.asarray(score.outputs(state, b).logp) * b.loss_mask)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_each_registered_loss_lowers_its_loss(name, model, mesh1, fixed_batches):
+    loss_cfg = ALGORITHM_DEFAULTS[name]
+    if name == "gspo":  # its default clip (3e-4) stops the update after one step on a fixed batch
+        loss_cfg = replace(loss_cfg, gspo_clip_low=0.2, gspo_clip_high=0.2)
+    net = tw.tiny_model(value_head=True) if name == "ppo" else model
+    # CISPO's value -sg(w) A logp has weights w = ratio that grow with the update, so it is
+    # compared on-policy (old_logp recomputed each step: w = 1, the REINFORCE objective).
+    cfg = TrainConfig(loss=loss_cfg, mesh=ONE, use_ref=name in ("dpo", "grpo", "reinforce_pp"),
+                      old_logp="recompute" if name == "cispo" else "sampler")
+    ts = _step(name, cfg, net, mesh1, lr=3e-3)
+    state = ts.init_state(net)
+    batch = fixed_batches["pairs" if name == "dpo" else "rl"]
+    if name == "cispo":
+        batch = batch.replace(old_logp=None)
+    losses = []
+    for _ in range(6):
+        state, metrics = ts(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert all(np.isfinite(losses)), losses
+    assert losses[-1] < losses[0] - 1e-3, (name, losses)
+    if name == "ppo":  # the critic was trained: values moved away from their zero init
+        assert float(jnp.abs(ts.outputs(state, batch).values).max()) > 1e-4
+
+
+# ---- PPO epochs and mini-batches ----
+def test_epochs_and_mini_batches(model, batch, mesh1):
+    cfg = TrainConfig(loss=LossConfig(), mesh=ONE, ppo_epochs=2, num_mini_batches=2, advantage="grpo",
+                      old_logp="recompute")
+    ts = _step("grpo", cfg, model, mesh1)
+    state = ts.init_state(model, seed=1)
+    before, rng = jax.device_get(state.params), np.asarray(state.rng)
+    state, metrics = ts(state, batch)
+    assert int(metrics["num_updates"]) == 4 and int(state.step) == 1
+    assert not np.array_equal(np.asarray(state.rng), rng)
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert float(metrics["ratio_mean"]) != 1.0  # later updates see a moved policy
+    assert float(jnp.abs(state.params["wq"] - before["wq"]).max()) > 0
+    assert int(state.opt_state[1][0].count) == 4  # four AdamW updates
+    with pytest.raises(ValueError, match="mini-batches"):
+        bad = _step("grpo", replace(cfg, num_mini_batches=3), model, mesh1)
+        bad(bad.init_state(model), batch)
+
+
+# ---- LoRA ----
+def test_lora_trains_adapters_only_and_base_is_the_reference(model, batch, mesh1):
+    cfg = TrainConfig(loss=LossConfig(kl_coef=0.1), mesh=ONE, use_ref=True, lora=LoraConfig(rank=4, alpha=8.0))
+    ts = _step("grpo", cfg, model, mesh1, lr=3e-2)
+    state = ts.init_state(model)
+    assert set(state.params) == set(LoraConfig().targets) and state.ref is None
+    base = jax.device_get(state.frozen)
+    _close(jax.device_get(ts.policy_params(state)), base, atol=0.0)  # B = 0: policy == base
+    # the sampler reported exactly the trainer's log-probs: the measured gap is 0
+    out = ts.outputs(state, batch)
+    on_policy = batch.replace(sampler_logp=np.asarray(out.logp) * batch.loss_mask)
+    state, m0 = ts(state, on_policy)
+    assert float(m0["logp_gap_max"]) < 1e-5 and abs(float(m0["kl"])) < 1e-6
+    assert float(m0["policy_tokens"]) == float(batch.loss_mask.sum())
+    for _ in range(2):
+        state, m = ts(state, on_policy)
+    _close(jax.device_get(state.frozen), base, atol=0.0)  # the base never moves
+    assert float(m["kl"]) > 0  # the policy moved away from the reference (= base)
+    moved = jax.device_get(ts.policy_params(state))
+    assert float(np.abs(moved["w_up"] - base["w_up"]).max()) > 1e-4
+    np.testing.assert_array_equal(moved["embed"], base["embed"])  # not a LoRA target
+
+
+def test_lora_delta_shapes_and_errors():
+    base = {"wq": jnp.ones((2, 8, 4, 3)), "wo": jnp.ones((2, 4, 3, 8)), "w_down": jnp.ones((2, 16, 8))}
+    cfg = LoraConfig(rank=2, targets=("wq", "wo", "w_down"))
+    ad = lora_lib.init_lora(base, cfg, jax.random.key(0))
+    assert ad["wq"]["a"].shape == (2, 8, 2) and ad["wq"]["b"].shape == (2, 2, 4, 3)
+    assert ad["wo"]["a"].shape == (2, 4, 3, 2) and ad["wo"]["b"].shape == (2, 2, 8)
+    ad["wo"]["b"] = jnp.ones_like(ad["wo"]["b"])
+    merged = lora_lib.apply_lora(base, ad, cfg)
+    want = np.einsum("lhkr,lrd->lhkd", np.asarray(ad["wo"]["a"]), np.ones((2, 2, 8))) * cfg.alpha / cfg.rank
+    np.testing.assert_allclose(merged["wo"] - base["wo"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(merged["wq"], base["wq"])
+    with pytest.raises(ValueError, match="rank"):
+        lora_lib.init_lora(base, LoraConfig(rank=0), jax.random.key(0))
+    with pytest.raises(ValueError, match="unknown LoRA targets"):
+        lora_lib.init_lora(base, LoraConfig(rank=2, targets=("embed",)), jax.random.key(0))
+
+
+# ---- optimizer and config errors ----
+def test_schedules_and_clipping():
+    s = lr_schedule(OptimConfig(learning_rate=1.0, schedule="cosine", warmup_steps=10, total_steps=110,
+                                min_lr_ratio=0.1))
+    assert float(s(0)) == 0.0 and abs(float(s(5)) - 0.5) < 1e-6 and abs(float(s(10)) - 1.0) < 1e-6
+    assert abs(float(s(60)) - 0.55) < 1e-6 and abs(float(s(110)) - 0.1) < 1e-6
+    lin = lr_schedule(OptimConfig(learning_rate=2.0, schedule="linear", total_steps=4))
+    assert [float(lin(i)) for i in range(5)] == [2.0, 1.5, 1.0, 0.5, 0.0]
+    with pytest.raises(ValueError, match="unknown schedule"):
+        lr_schedule(OptimConfig(schedule="step"))
+    opt = make_optimizer(OptimConfig(learning_rate=1.0, max_grad_norm=1.0, b1=0.0, b2=0.0, eps=0.0))
+    g = {"w": jnp.asarray([30.0, 40.0])}
+    upd, _ = opt.update(g, opt.init(g), {"w": jnp.zeros(2)})
+    np.testing.assert_allclose(upd["w"], [-1.0, -1.0], rtol=1e-5)  # clipped, then Adam's sign step
+
+
+def test_bad_train_configs(model, mesh1, batch):
+    for bad, match in [({"old_logp": "behaviour"}, "old_logp"), ({"advantage": "vtrace"}, "unknown advantage"),
+                       ({"ppo_epochs": 0}, ">= 1")]:
+        with pytest.raises(ValueError, match=match):
+            _step("grpo", TrainConfig(mesh=ONE, **bad), model, mesh1)
+    ts = _step("sft", TrainConfig(mesh=ONE, num_micro_batches=3), model, mesh1)
+    with pytest.raises(ValueError, match="micro-batches"):
+        ts.grads(ts.init_state(model), batch)
