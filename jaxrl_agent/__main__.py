@@ -3,4 +3,7 @@ import sys
 
 from jaxrl_agent.cli import main
 
-sys.exit(main())
+# The guard matters: the sandbox starts its workers with multiprocessing "spawn", which
+# re-imports the main module in each child.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""HOST: evaluation that explains, not only counts (DESIGN §9b).
+
+- `wilson_interval`, `pass_at_k` (the unbiased estimator of Chen et al. 2021);
+- `episode_behaviour`: what an episode did (tests run before submitting, edits, recovery
+  after a failing test run, tool / interface errors) and, for a failure, the layer where it
+  happened: "interface" (the call never reached the environment as meant), "basic" (legal
+  calls that made no progress), "sequential" (progress made, outcome wrong), or
+  "infrastructure" (a sandbox / verifier error: not the policy's fault);
+- `summarize_episodes`: pass@1 / pass@k with Wilson 95% intervals, per template, plus the
+  behaviour statistics, as one JSON-ready dict.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+FAILURE_LAYERS = ("interface", "basic", "sequential", "infrastructure")
+
+
+# ---- statistics ----
+def wilson_interval(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% by default); (0, 1) when n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+# ---- one episode ----
+def _test_run_failed(observation: str) -> bool:
+    return any(w in observation for w in (" failed", " error", "FAILED", "ERROR", "timed out", "No tests ran"))
+
+
+def episode_behaviour(history: Sequence, termination: str | None, reward: float) -> dict:
+    """Behaviour of one episode from its `ToolSession.history` of (text, StepResult)."""
+    names = []
+    interface_errors = tool_errors = edits = 0
+    read_file = ran_tests = tests_after_last_edit = saw_failure = edit_after_failure = False
+    for _, step in history:
+        if step.error is not None:
+            interface_errors += 1
+            continue
+        name = step.call.name
+        names.append(name)
+        if not step.tool_ok:
+            tool_errors += 1
+        if name == "read_file" and step.tool_ok:
+            read_file = True
+        elif name == "str_replace" and step.tool_ok:
+            edits += 1
+            tests_after_last_edit = False
+            edit_after_failure = edit_after_failure or saw_failure
+        elif name == "run_tests":
+            ran_tests = True
+            tests_after_last_edit = True
+            saw_failure = saw_failure or _test_run_failed(step.observation)
+    submitted = termination == "submitted"
+    success = reward >= 1.0
+    if success:
+        layer = None
+    elif termination == "sandbox_error":
+        layer = "infrastructure"
+    elif termination == "parse_error_limit" or (interface_errors > 0 and edits == 0):
+        layer = "interface"
+    elif edits == 0 or not submitted:
+        layer = "basic"
+    else:
+        layer = "sequential"
+    return {
+        "turns": len(history), "tool_calls": {n: names.count(n) for n in sorted(set(names))},
+        "interface_errors": interface_errors, "tool_errors": tool_errors, "edits": edits,
+        "read_file": read_file, "ran_tests": ran_tests,
+        "ran_tests_before_submit": submitted and ran_tests and tests_after_last_edit,
+        "saw_failing_tests": saw_failure,
+        "recovered": success and edit_after_failure,
+        "submitted": submitted, "failure_layer": layer,
+    }
+
+
+# ---- many episodes ----
+def summarize_episodes(episodes: Sequence, k: int) -> dict:
+    """pass@1 / pass@k with Wilson intervals, per template, and behaviour statistics.
+
+    `episodes` are `trajectory.Episode`s with `info["task_id"]`, `info["template"]` and
+    `info["behaviour"]` (as `rollout.collect_episodes` returns them), several per task.
+    pass@1 is the mean success over all episodes (interval over episodes); pass@k is the
+    mean over tasks of the unbiased estimator (interval over tasks, counting a task as a
+    success with probability pass@k).
+    """
+    by_task: dict[str, list] = {}
+    for e in episodes:
+        by_task.setdefault(e.info["task_id"], []).append(e)
+
+    def block(eps: Sequence) -> dict:
+        rewards = np.array([e.reward >= 1.0 for e in eps], np.float64)
+        tasks: dict[str, list] = {}
+        for e in eps:
+            tasks.setdefault(e.info["task_id"], []).append(e.reward >= 1.0)
+        n1 = len(rewards)
+        p1 = float(rewards.mean()) if n1 else 0.0
+        lo1, hi1 = wilson_interval(rewards.sum(), n1)
+        out = {"n_episodes": n1, "n_tasks": len(tasks), "pass1": p1, "pass1_ci_low": lo1, "pass1_ci_high": hi1}
+        usable = [v for v in tasks.values() if len(v) >= k]
+        if usable:
+            pk = float(np.mean([pass_at_k(len(v), int(sum(v)), k) for v in usable]))
+            lok, hik = wilson_interval(pk * len(usable), len(usable))
+            out.update({f"pass{k}": pk, f"pass{k}_ci_low": lok, f"pass{k}_ci_high": hik})
+        return out
+
+    summary = block(episodes)
+    templates: dict[str, list] = {}
+    for e in episodes:
+        templates.setdefault(e.info.get("template", ""), []).append(e)
+    summary["per_template"] = {t: block(v) for t, v in sorted(templates.items())}
+    beh = [e.info["behaviour"] for e in episodes]
+    n = max(len(beh), 1)
+    summary["behaviour"] = {
+        "mean_turns": sum(b["turns"] for b in beh) / n,
+        "mean_edits": sum(b["edits"] for b in beh) / n,
+        "ran_tests_before_submit": sum(b["ran_tests_before_submit"] for b in beh) / n,
+        "read_file": sum(b["read_file"] for b in beh) / n,
+        "recovered": sum(b["recovered"] for b in beh) / n,
+        "interface_errors_per_episode": sum(b["interface_errors"] for b in beh) / n,
+        "tool_errors_per_episode": sum(b["tool_errors"] for b in beh) / n,
+        "failure_layers": {layer: sum(b["failure_layer"] == layer for b in beh) / n for layer in FAILURE_LAYERS},
+    }
+    terms: dict[str, int] = {}
+    for e in episodes:
+        terms[e.termination] = terms.get(e.termination, 0) + 1
+    summary["terminations"] = terms
+    return summary

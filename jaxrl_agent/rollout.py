@@ -1,0 +1,288 @@
+"""HOST: the agent loop (DESIGN §2): sample -> parse -> tools -> observe -> ... -> verify.
+
+`collect_episodes` keeps up to B episodes in flight on a `SamplingEngine` (continuous
+batching: a finished row is refilled with the next pending episode at once). Per turn:
+
+    sample_turn(rows ready to speak)          device, all those rows in one decode loop
+      -> append sampled ids verbatim          loss_mask 1, the sampler's policy log-probs
+      -> ToolSession.step(text) in a thread   parse + run the tool (sandbox for run_tests)
+      -> append the rendered observation      loss_mask 0, prefilled into that row only
+    ... until submit / max turns / token budget / parse-error limit / sandbox error
+      -> verify(task, workspace) in a thread  independent judge -> reward
+
+Tool calls and verifications run in a thread pool, so while some rows wait on the sandbox
+the engine keeps decoding the others. A crash in a tool or the verifier costs that episode
+(termination "sandbox_error", dropped from the update by `RolloutConfig.drop_terminations`),
+never the run.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from jaxrl_agent.env.tasks import Task, workspace_files
+from jaxrl_agent.env.tools import (TOOL_SCHEMAS, StepResult, ToolConfig, Tools, ToolSession,
+                                   create_workspaces)
+from jaxrl_agent.env.verifier import verify
+from jaxrl_agent.evaluation import episode_behaviour
+from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
+from jaxrl_agent.trajectory import Episode
+
+SYSTEM_PROMPT = ("You fix bugs in a small Python repository. Call one tool per message. "
+                 "Read the code, fix it, run the tests, then submit.")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The host agent loop (`collect_episodes`)."""
+
+    group_size: int = 8
+    """Episodes per task (the GRPO / RLOO group)."""
+    max_total_tokens: int = 1024
+    """Token budget of one episode (prompt + all turns); past it the episode ends "max_tokens"."""
+    max_tokens_per_turn: int = 96
+    """Most tokens the policy may sample in one assistant message."""
+    tool_threads: int = 8
+    """Threads running tool calls and verifications concurrently with decoding."""
+    system_prompt: str = SYSTEM_PROMPT
+    """System message; the tool list is appended in the chat format's tool style."""
+    drop_terminations: tuple[str, ...] = ("sandbox_error",)
+    """Episodes ending this way are returned but excluded from the update (`trainable`)."""
+    filter_zero_variance: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (no GRPO signal)."""
+
+
+@dataclass
+class _Live:
+    """An episode occupying an engine row."""
+
+    task: Task
+    group_id: int
+    builder: EpisodeBuilder
+    session: ToolSession
+    workspace: str
+    seed: int
+    waiting: Future | None = None  # a tool call or the verification in flight
+    termination: str | None = None
+
+
+@dataclass
+class RolloutStats:
+    """Where the time went and how many tokens moved (one `collect_episodes` call)."""
+
+    seconds_sampling: float = 0.0
+    seconds_tools: float = 0.0
+    seconds_verify: float = 0.0
+    seconds_total: float = 0.0
+    tokens_sampled: int = 0
+    tokens_total: int = 0
+    episodes: int = 0
+    terminations: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["sampled_tokens_per_s"] = self.tokens_sampled / max(self.seconds_sampling, 1e-9)
+        return d
+
+
+def episode_prompt(task: Task, system_prompt: str) -> list[dict]:
+    """The opening messages of an episode on `task`."""
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": task.instruction}]
+
+
+def collect_episodes(
+    tasks: Sequence[Task],
+    engine: SamplingEngine,
+    chat: ChatFormat,
+    sandbox,
+    cfg: RolloutConfig,
+    tool_cfg: ToolConfig = ToolConfig(),
+    *,
+    seed: int = 0,
+    first_group_id: int = 0,
+    progress=None,
+) -> tuple[list[Episode], RolloutStats]:
+    """Run `cfg.group_size` episodes on every task and return them with timing stats.
+
+    Args:
+      tasks: the tasks of this batch; task i's episodes get group id `first_group_id + i`.
+      engine: a SamplingEngine whose cache holds `cfg.max_total_tokens` per row.
+      chat: chat format (tokenizer + tool style); sandbox: an open `env.sandbox.Sandbox`.
+      seed: episode seeds are `seed + k` for the k-th episode, so a run is repeatable.
+      progress: optional callable(n_done, n_total) for a progress bar.
+    Returns:
+      (episodes in task order, G per task, with `info` holding task id, behaviour and
+      verifier details; stats).
+    """
+    if engine.config.cache_size < cfg.max_total_tokens:
+        raise ValueError(f"engine cache_size={engine.config.cache_size} < rollout max_total_tokens={cfg.max_total_tokens}")
+    if engine.config.max_new_tokens < cfg.max_tokens_per_turn:
+        raise ValueError(f"engine max_new_tokens={engine.config.max_new_tokens} < max_tokens_per_turn={cfg.max_tokens_per_turn}")
+    G = cfg.group_size
+    pending = [(i, g) for i in range(len(tasks)) for g in range(G)]  # (task index, member)
+    results: dict[tuple[int, int], Episode] = {}
+    stats = RolloutStats()
+    t_start = time.perf_counter()
+    root = tempfile.mkdtemp(prefix="jxa-rollout-")
+    workspaces = {}  # task index -> G workspace dirs (hard-link farm, made on first use)
+    live: dict[int, _Live] = {}
+    keys: dict[int, tuple[int, int]] = {}
+    tool_seconds = [0.0, 0.0]  # [tools, verify], summed over threads
+
+    def timed(slot: int, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            tool_seconds[slot] += time.perf_counter() - t0
+
+    def start(row: int) -> None:
+        i, g = pending.pop(0)
+        task = tasks[i]
+        if i not in workspaces:
+            workspaces[i] = create_workspaces(workspace_files(task), os.path.join(root, f"t{i}"), G)
+        tools = Tools(workspaces[i][g], sorted(task.dev_tests), sandbox, tool_cfg)
+        builder = EpisodeBuilder(chat, episode_prompt(task, cfg.system_prompt), TOOL_SCHEMAS)
+        ep_seed = seed + i * G + g
+        live[row] = _Live(task, first_group_id + i, builder, ToolSession(tools, tool_cfg), workspaces[i][g], ep_seed)
+        keys[row] = (i, g)
+        engine.start_episode(row, builder.ids, seed=ep_seed)
+
+    def finish(row: int, termination: str) -> None:
+        """Stop sampling the row and verify its workspace in the background."""
+        ep = live[row]
+        ep.termination = termination
+        ep.waiting = pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)
+
+    def close(row: int, verdict) -> None:
+        ep = live.pop(row)
+        reward, vinfo = verdict
+        termination = ep.termination
+        if vinfo.get("reason") == "verifier_crash":
+            termination = "sandbox_error"
+        info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
+                "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
+                "behaviour": episode_behaviour(ep.session.history, termination, reward)}
+        results[keys.pop(row)] = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
+                                                      termination=termination, info=info)
+        engine.end_episode(row)
+        stats.terminations[termination] = stats.terminations.get(termination, 0) + 1
+        if progress is not None:
+            progress(len(results), len(tasks) * G)
+
+    with ThreadPoolExecutor(max_workers=cfg.tool_threads) as pool:
+        try:
+            while pending or live:
+                # ---- refill free rows (continuous batching) ----
+                for row in engine.free_rows():
+                    if not pending:
+                        break
+                    if row not in live:
+                        start(row)
+                # ---- one turn for every row that is ready to speak ----
+                ready = [r for r, ep in live.items() if ep.waiting is None and ep.termination is None]
+                if ready:
+                    budget = min(cfg.max_tokens_per_turn,
+                                 max(1, cfg.max_total_tokens - min(len(live[r].builder) for r in ready)))
+                    t0 = time.perf_counter()
+                    turn = engine.sample_turn(ready, max_new_tokens=budget)
+                    stats.seconds_sampling += time.perf_counter() - t0
+                    for r in ready:
+                        ep = live[r]
+                        ids, logp, _ = turn.row(r)
+                        ep.builder.append_sampled(ids, logp, context=len(ep.builder))
+                        stats.tokens_sampled += len(ids)
+                        if turn.finish_reason[r] == "cache_full" or len(ep.builder) >= cfg.max_total_tokens:
+                            finish(r, "max_tokens")
+                            continue
+                        text = chat.tokenizer.decode(ids)
+                        ep.waiting = pool.submit(timed, 0, _safe_step, ep.session, text)
+                # ---- collect finished tool calls / verifications ----
+                busy = {ep.waiting: r for r, ep in live.items() if ep.waiting is not None}
+                if not busy:
+                    continue
+                # Block only when nothing can be decoded meanwhile.
+                done, _ = wait(busy, timeout=None if not _any_ready(live) else 0, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    r = busy[fut]
+                    ep = live[r]
+                    ep.waiting = None
+                    if ep.termination is not None:  # the verification finished
+                        close(r, fut.result())
+                        continue
+                    step = fut.result()
+                    if step.done:
+                        finish(r, step.termination)
+                        continue
+                    obs = ep.builder.append_observation(step.observation)
+                    if len(ep.builder) + 1 >= cfg.max_total_tokens:
+                        finish(r, "max_tokens")
+                        continue
+                    engine.append(r, obs)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    stats.seconds_tools, stats.seconds_verify = tool_seconds
+    stats.seconds_total = time.perf_counter() - t_start
+    episodes = [results[(i, g)] for i in range(len(tasks)) for g in range(G)]
+    stats.episodes = len(episodes)
+    stats.tokens_total = sum(len(e) for e in episodes)
+    return episodes, stats
+
+
+def _any_ready(live: dict[int, _Live]) -> bool:
+    return any(ep.waiting is None and ep.termination is None for ep in live.values())
+
+
+def _safe_step(session: ToolSession, text: str):
+    """ToolSession.step, with any crash of the tool layer turned into a sandbox_error end."""
+    try:
+        return session.step(text)
+    except Exception as e:  # noqa: BLE001 - a broken tool must not kill the run
+        session.termination = "sandbox_error"
+        return StepResult(f"Error: tool crashed ({type(e).__name__})", True, "sandbox_error", None, None, False)
+
+
+def _safe_verify(task: Task, workspace: str, sandbox) -> tuple[float, dict]:
+    try:
+        res = verify(task, workspace, sandbox)
+        return float(res.reward), dict(res.info)
+    except Exception as e:  # noqa: BLE001 - a verifier crash costs the episode, not the run
+        return 0.0, {"reason": "verifier_crash", "detail": f"{type(e).__name__}: {e}"}
+
+
+def trainable(episodes: Sequence[Episode], cfg: RolloutConfig) -> tuple[list[Episode], dict]:
+    """Episodes that enter the update: drop `cfg.drop_terminations`, and (DAPO dynamic
+    sampling) groups whose rewards are all equal when `cfg.filter_zero_variance`.
+
+    Returns (kept episodes, counts of what was dropped and why).
+    """
+    kept = [e for e in episodes if e.termination not in cfg.drop_terminations]
+    dropped = {"termination": len(episodes) - len(kept), "zero_variance_groups": 0}
+    if cfg.filter_zero_variance:
+        by_group: dict[int, list[Episode]] = {}
+        for e in kept:
+            by_group.setdefault(e.group_id, []).append(e)
+        flat = [g for g in by_group.values() if len({e.reward for e in g}) == 1]
+        dropped["zero_variance_groups"] = len(flat)
+        drop_ids = {id(e) for g in flat for e in g}
+        kept = [e for e in kept if id(e) not in drop_ids]
+    return kept, dropped
+
+
+def group_signal(episodes: Sequence[Episode]) -> dict:
+    """Share of groups with differing rewards and mean reward: does RL have a signal? (§9b)"""
+    by_group: dict[int, list[float]] = {}
+    for e in episodes:
+        by_group.setdefault(e.group_id, []).append(e.reward)
+    mixed = [len(set(r)) > 1 for r in by_group.values()]
+    rewards = np.array([e.reward for e in episodes], np.float64)
+    return {"groups": len(by_group), "mixed_group_share": float(np.mean(mixed)) if mixed else 0.0,
+            "reward_mean": float(rewards.mean()) if len(rewards) else 0.0}

@@ -1,0 +1,81 @@
+"""evaluation.py: interval and pass@k statistics, and the failure-layer classification on
+real tool sessions."""
+import itertools
+import math
+
+import pytest
+
+from jaxrl_agent.env.tasks import binary_search_task, workspace_files
+from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
+from jaxrl_agent.evaluation import episode_behaviour, pass_at_k, summarize_episodes, wilson_interval
+from jaxrl_agent.trajectory import Episode
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(8, 10)
+    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(0, 50)
+    assert lo == 0.0 and 0.0 < hi < 0.1
+
+
+@pytest.mark.parametrize("n,c,k", [(5, 2, 1), (5, 2, 3), (6, 0, 2), (6, 6, 4), (8, 3, 8)])
+def test_pass_at_k_matches_enumeration(n, c, k):
+    outcomes = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+    assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+@pytest.fixture
+def session(tmp_path):
+    task = binary_search_task()
+    ws = create_workspaces(workspace_files(task), str(tmp_path), 1)[0]
+    # no sandbox: run_tests answers with a tool error, which is what the no-test case needs
+    return ToolSession(Tools(ws, sorted(task.dev_tests), None, ToolConfig()), ToolConfig())
+
+
+def play(session, calls):
+    for name, args in calls:
+        session.step(name if name.startswith("<") or " " in name else format_tool_call(name, args))
+    return session.history
+
+
+def test_interface_failure(session):
+    hist = play(session, [("no call here", {}), ("still nothing", {}), ("nope", {})])
+    b = episode_behaviour(hist, session.termination, 0.0)
+    assert session.termination == "parse_error_limit"
+    assert b["failure_layer"] == "interface" and b["interface_errors"] == 3
+
+
+def test_basic_failure_submits_without_editing(session):
+    hist = play(session, [("read_file", {"path": "bsearch.py"}), ("submit", {})])
+    b = episode_behaviour(hist, session.termination, 0.0)
+    assert b["failure_layer"] == "basic" and b["read_file"] and b["edits"] == 0
+
+
+def test_sequential_failure_fixes_one_bug_and_submits(session):
+    hist = play(session, [("read_file", {"path": "bsearch.py"}),
+                          ("str_replace", {"path": "bsearch.py", "old": "low = mid\n", "new": "low = mid + 1\n"}),
+                          ("submit", {})])
+    b = episode_behaviour(hist, session.termination, 0.0)
+    assert b["failure_layer"] == "sequential" and b["edits"] == 1
+    assert not b["ran_tests_before_submit"]
+    assert episode_behaviour(hist, session.termination, 1.0)["failure_layer"] is None
+
+
+def test_summary_counts_per_template():
+    def ep(task, tpl, r):
+        beh = {"turns": 2, "edits": 1, "ran_tests_before_submit": r > 0, "read_file": True, "recovered": False,
+               "interface_errors": 0, "tool_errors": 0, "failure_layer": None if r else "sequential"}
+        return Episode([1, 2], [0, 1], [0.0, -1.0], [0, 0], reward=r, termination="submitted",
+                       info={"task_id": task, "template": tpl, "behaviour": beh})
+
+    eps = [ep("a", "x", 1.0), ep("a", "x", 0.0), ep("b", "y", 0.0), ep("b", "y", 0.0)]
+    s = summarize_episodes(eps, k=2)
+    assert s["pass1"] == 0.25 and s["pass2"] == pytest.approx(0.5)
+    assert s["per_template"]["x"]["pass1"] == 0.5 and s["per_template"]["y"]["pass1"] == 0.0
+    assert s["behaviour"]["failure_layers"]["sequential"] == 0.75
+    assert math.isclose(s["behaviour"]["ran_tests_before_submit"], 0.25)
