@@ -8,6 +8,7 @@ uninterrupted run exactly.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Callable, Sequence
@@ -15,6 +16,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from jaxrl_agent import sharding as sh
 from jaxrl_agent.checkpoint import Checkpointer
 from jaxrl_agent.config import CheckpointConfig, OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.loss_registry import LOSSES
@@ -60,7 +62,7 @@ class DataIterator:
 def train_offline(
     model,
     items: Sequence,
-    to_batch: Callable[[list], object],
+    to_batch: Callable[[list, int], object],
     loss_name: str,
     *,
     train_cfg: TrainConfig,
@@ -74,6 +76,9 @@ def train_offline(
     train_step: TrainStep | None = None,
 ) -> tuple[TrainState, list[dict], TrainStep]:
     """Train `model` for `num_steps` steps of `LOSSES[loss_name]` on batches of `items`.
+
+    `to_batch(items, rows_multiple)` collates a list of items into a TrainBatch whose row count
+    is a multiple of `rows_multiple` (the mesh's data * fsdp devices).
 
     With `ckpt_cfg`, resumes from the latest checkpoint in its directory (state and data
     position), saves every `save_every` steps and at the end. `on_step(step, metrics)` is
@@ -97,7 +102,7 @@ def train_offline(
         for step in range(start + 1, num_steps + 1):
             # ---- one batch -> one train step ----
             t0 = time.perf_counter()
-            batch = to_batch(data.next())
+            batch = to_batch(data.next(), sh.batch_size_multiple(step_fn.mesh))
             state, metrics = step_fn(state, batch)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics["step_time_s"] = time.perf_counter() - t0
@@ -124,7 +129,10 @@ def run_sft(model, episodes: Sequence[Episode], *, train_cfg: TrainConfig, optim
     empty = [i for i, ep in enumerate(episodes) if not any(ep.loss_mask)]
     if empty:
         raise ValueError(f"episodes {empty[:5]} have no assistant (loss_mask == 1) tokens to train on")
-    return train_offline(model, episodes, lambda eps: collate(eps, traj_cfg)[0], "sft", train_cfg=train_cfg,
+    def to_batch(eps, k):
+        return collate(eps, replace(traj_cfg, batch_multiple=math.lcm(traj_cfg.batch_multiple, k)))[0]
+
+    return train_offline(model, episodes, to_batch, "sft", train_cfg=train_cfg,
                          optim_cfg=optim_cfg, num_steps=num_steps, batch_size=batch_size, **kw)
 
 
@@ -142,5 +150,8 @@ def run_dpo(model, pairs: Sequence[tuple[Episode, Episode]], *, train_cfg: Train
     given = kw.get("train_step")
     if given is not None and not (given.cfg.use_ref and (not given.cfg.shuffle or given.cfg.num_mini_batches == 1)):
         raise ValueError("run_dpo needs a train_step built with use_ref=True and no mini-batch shuffling")
-    return train_offline(model, pairs, lambda ps: preference_pairs(ps, traj_cfg), "dpo", train_cfg=train_cfg,
+    def to_batch(ps, k):  # rows: an even multiple of the data-parallel devices
+        return preference_pairs(ps, replace(traj_cfg, batch_multiple=math.lcm(traj_cfg.batch_multiple, k, 2)))
+
+    return train_offline(model, pairs, to_batch, "dpo", train_cfg=train_cfg,
                          optim_cfg=optim_cfg, num_steps=num_steps, batch_size=batch_size, **kw)
