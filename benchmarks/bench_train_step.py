@@ -1,0 +1,209 @@
+"""GRPO train step side by side: our jitted, sharded step vs the same model and loss in PyTorch
+(`transformers` Qwen2, identical weights, AdamW, grad clipping), CPU, one process.
+
+    python benchmarks/bench_train_step.py [--batch 16] [--seq 256] [--repeats 10]
+
+Two model sizes: "tiny" is the random Qwen2 of bench_sampling.py (~4M params: vocab 512,
+hidden 256, 4 layers, 8 heads / 2 kv heads, tied embeddings), the headline
+`speedup_vs_torch`; "test" is the size the unit tests train (vocab 256, hidden 64, 2 layers),
+where per-op overhead rather than FLOPs dominates. A batch is B episodes of T tokens (prompt,
+response, tool result, response; right-padded), groups of 4, the GRPO loss (group advantages,
+PPO clip 0.2 with dual clip 3, seq-mean-token-mean aggregation), then clip-by-norm 1.0 and
+AdamW. Both sides compute per-token log-probs and entropies (the entropy is a metric).
+
+Correctness first: at identical weights both sides must give the same per-token log-probs and
+the same loss before anything is timed. The two contenders then alternate step by step, so
+background load on the shared cores hits them alike; tokens/s is the number of real (non-pad)
+tokens / median seconds per step. Prints a table and writes benchmarks/results/train_step.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import torch
+import transformers
+
+from jaxrl_agent.config import LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.hf import load_pretrained
+from jaxrl_agent.loss_registry import LOSSES
+from jaxrl_agent.sharding import make_mesh
+from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.trajectory import Episode, collate
+
+GROUP = 4
+SIZES = {
+    "tiny": dict(vocab_size=512, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=2),
+    "test": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+}
+LOSS = LossConfig(agg="seq-mean-token-mean", kl_coef=0.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
+OPTIM = OptimConfig(learning_rate=1e-5, weight_decay=0.01, max_grad_norm=1.0)
+
+
+# ---- shared weights and data ----
+def make_checkpoint(path: str, size: str) -> transformers.Qwen2ForCausalLM:
+    """A random Qwen2 of SIZES[size], saved to `path`."""
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        **SIZES[size], max_position_embeddings=2048,
+        tie_word_embeddings=True, rope_theta=10000.0, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )
+    cfg.initializer_range = 0.1
+    model = transformers.Qwen2ForCausalLM(cfg)
+    model.save_pretrained(path)
+    return model
+
+
+def make_batch(B: int, T: int, vocab: int, seed: int = 0):
+    """B multi-turn episodes of 0.6 T .. T tokens, groups of GROUP with 0/1 rewards."""
+    rng = np.random.default_rng(seed)
+    eps = []
+    for i in range(B):
+        n = int(rng.integers(int(0.6 * T), T + 1))
+        p, r1, o = n // 4, n // 4, n // 8
+        mask = [0] * p + [1] * r1 + [0] * o + [1] * (n - p - r1 - o)
+        eps.append(Episode(rng.integers(1, vocab, n).tolist(), mask, [0.0] * n, [0] * n, float(rng.integers(0, 2)),
+                           i // GROUP))
+    batch, _ = collate(eps, TrajectoryConfig(buckets=(T,)))
+    return batch
+
+
+# ---- the PyTorch side ----
+def torch_outputs(model, tokens, attention_mask):
+    """Per-token logp / entropy [B, T] aligned like ours (position t scores tokens[t]; t=0 -> 0)."""
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    lp = logprobs.gather(-1, tokens[:, 1:, None])[..., 0]
+    with torch.no_grad():  # a metric, as on our side (its gradient is unused there too)
+        ent = -(logprobs.exp() * logprobs).sum(-1)
+    zero = torch.zeros_like(lp[:, :1])
+    return torch.cat([zero, lp], 1), torch.cat([zero, ent], 1)
+
+
+def torch_grpo_loss(logp, old_logp, mask, reward, group_id):
+    """GRPO as in loss_registry.grpo_loss with LOSS: group advantages (unbiased std, eps 1e-6),
+    clipped + dual-clipped surrogate, seq-mean-token-mean."""
+    same = (group_id[:, None] == group_id[None, :]).float()  # [B, B]
+    n = same.sum(1)
+    mean = same @ reward / n
+    var = (same * (reward[None, :] - mean[:, None]) ** 2).sum(1) / (n - 1).clamp(min=1)
+    std = torch.where(n > 1, var.sqrt(), torch.ones_like(var))
+    adv = torch.where(n > 1, (reward - mean) / (std + 1e-6), reward - mean)
+    a = adv[:, None] * mask
+    ratio = torch.exp(torch.clamp(logp - old_logp, -20, 20))
+    l = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - LOSS.clip_low, 1 + LOSS.clip_high))
+    l = torch.where(a < 0, torch.minimum(l, -a * LOSS.dual_clip), l)
+    n_tok = mask.sum(1)
+    per_seq = (l * mask).sum(1) / n_tok.clamp(min=1)
+    return per_seq.sum() / (n_tok > 0).float().sum().clamp(min=1)
+
+
+def make_torch_step(model, batch):
+    opt = torch.optim.AdamW(model.parameters(), lr=OPTIM.learning_rate, betas=(OPTIM.b1, OPTIM.b2), eps=OPTIM.eps,
+                            weight_decay=OPTIM.weight_decay)
+    t = {k: torch.from_numpy(np.asarray(getattr(batch, k))) for k in
+         ("tokens", "attention_mask", "loss_mask", "old_logp", "reward", "group_id")}
+    tokens, am = t["tokens"].long(), t["attention_mask"].long()
+    mask = t["loss_mask"].float()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logp, ent = torch_outputs(model, tokens, am)
+        loss = torch_grpo_loss(logp, t["old_logp"], mask, t["reward"], t["group_id"])
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM.max_grad_norm)
+        opt.step()
+        return loss.item(), gnorm.item()
+
+    return step
+
+
+# ---- one size ----
+def run(size: str, B: int, T: int, repeats: int) -> dict:
+    tmp = tempfile.mkdtemp()
+    hf_model = make_checkpoint(tmp, size)
+    model, _ = load_pretrained(tmp)
+    cfg = TrainConfig(loss=LOSS, mesh=MeshConfig(data=1))
+    ts = make_train_step(LOSSES["grpo"], make_optimizer(OPTIM), cfg, model, mesh=make_mesh(cfg.mesh, jax.devices()[:1]))
+    state = ts.init_state(model)
+    batch = make_batch(B, T, SIZES[size]["vocab_size"])
+
+    # ---- correctness: same log-probs, same loss at identical weights ----
+    ours = ts.outputs(state, batch)
+    mask = batch.loss_mask.astype(bool)
+    # old_logp near a uniform policy's and independent of the weights, so the loss depends on
+    # the model's log-probs, ratios differ from 1 and some tokens clip
+    noise = np.random.default_rng(1).normal(0.0, 0.3, batch.tokens.shape).astype(np.float32)
+    old = (np.asarray(ours.logp).mean(where=mask) + noise) * batch.loss_mask
+    batch = batch.replace(old_logp=old, sampler_logp=old)
+    with torch.no_grad():
+        tlp, _ = torch_outputs(hf_model, torch.from_numpy(batch.tokens).long(),
+                               torch.from_numpy(batch.attention_mask).long())
+    logp_err = float(np.abs(tlp.numpy()[mask] - np.asarray(ours.logp)[mask]).max())
+    torch_step = make_torch_step(hf_model, batch)
+    dev_batch = jax.device_put(batch, ts.batch_sharding)
+    state, metrics = ts.step(state, dev_batch)  # compile + first step
+    jax.block_until_ready(state)
+    (loss_torch, gnorm_torch), loss_ours, gnorm_ours = torch_step(), float(metrics["loss"]), float(metrics["grad_norm"])
+    print(f"[{size}] max |logp_ours - logp_torch| on policy tokens: {logp_err:.2e}; first step: loss ours "
+          f"{loss_ours:.6f} torch {loss_torch:.6f}, grad norm ours {gnorm_ours:.6f} torch {gnorm_torch:.6f}")
+    if (logp_err > 1e-4 or abs(loss_ours - loss_torch) > 1e-4 * max(1.0, abs(loss_torch))
+            or abs(gnorm_ours - gnorm_torch) > 1e-3 * gnorm_torch):
+        raise SystemExit("the two sides disagree; refusing to time them")
+
+    # ---- timing: alternate the contenders step by step ----
+    t_ours, t_torch = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, metrics = ts.step(state, dev_batch)
+        jax.block_until_ready((state, metrics))
+        t_ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        torch_step()
+        t_torch.append(time.perf_counter() - t0)
+    tokens = int(batch.attention_mask.sum())
+    ours_tps, torch_tps = tokens / np.median(t_ours), tokens / np.median(t_torch)
+    return {
+        "speedup_vs_torch": ours_tps / torch_tps, "ours_tokens_per_s": ours_tps, "torch_tokens_per_s": torch_tps,
+        "ours_step_s_median": float(np.median(t_ours)), "torch_step_s_median": float(np.median(t_torch)),
+        "batch": B, "seq": T, "real_tokens_per_step": tokens, "repeats": repeats,
+        "params": sum(p.numel() for p in hf_model.parameters()), "model": SIZES[size],
+        "max_logp_abs_diff": logp_err, "first_loss_ours": loss_ours, "first_loss_torch": loss_torch,
+        "first_grad_norm_ours": gnorm_ours, "first_grad_norm_torch": gnorm_torch,
+    }
+
+
+# ---- main ----
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
+    args = ap.parse_args()
+    rows = {size: run(size, args.batch, args.seq, args.repeats) for size in SIZES}
+    result = {
+        "speedup_vs_torch": rows["tiny"]["speedup_vs_torch"], "sizes": rows, "loss": "grpo seq-mean-token-mean",
+        "torch_threads": torch.get_num_threads(), "jax": jax.__version__, "torch": torch.__version__,
+        "transformers": transformers.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+    }
+    print(f"{'model':<8}{'params':>10}{'ours step s':>13}{'torch step s':>14}{'ours tok/s':>12}{'torch tok/s':>13}{'speedup':>9}")
+    for size, r in rows.items():
+        print(f"{size:<8}{r['params']:>10}{r['ours_step_s_median']:>13.4f}{r['torch_step_s_median']:>14.4f}"
+              f"{r['ours_tokens_per_s']:>12.0f}{r['torch_tokens_per_s']:>13.0f}{r['speedup_vs_torch']:>8.2f}x")
+    print(f"speedup_vs_torch (tiny): {result['speedup_vs_torch']:.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
