@@ -200,3 +200,64 @@ class CheckpointConfig:
     """Keep the last N checkpoints."""
     save_every: int = 100
     """Save every this many training steps (the loops also save at the end)."""
+
+
+# ---- the agent loop (rollout.py, rl.py) ----
+SYSTEM_PROMPT = ("You fix bugs in a small Python repository. Call one tool per message. "
+                 "Read the code, fix it, run the tests, then submit.")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The host agent loop (`collect_episodes`)."""
+
+    group_size: int = 8
+    """Episodes per task (the GRPO / RLOO group)."""
+    max_total_tokens: int = 1024
+    """Token budget of one episode (prompt + all turns); past it the episode ends "max_tokens"."""
+    max_tokens_per_turn: int = 96
+    """Most tokens the policy may sample in one assistant message."""
+    tool_threads: int = 8
+    """Threads running tool calls and verifications concurrently with decoding."""
+    system_prompt: str = SYSTEM_PROMPT
+    """System message; the tool list is appended in the chat format's tool style."""
+    drop_terminations: tuple[str, ...] = ("sandbox_error",)
+    """Episodes ending this way are returned but excluded from the update (`trainable`)."""
+    filter_zero_variance: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (no GRPO signal)."""
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The RL loop (rl.py): what to train on, how often to evaluate, log and checkpoint."""
+
+    algo: str = "grpo"
+    """Registered loss (jaxrl_agent.losses.LOSSES): grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, ppo."""
+    iterations: int = 20
+    """Rollout-then-update iterations."""
+    tasks_per_iter: int = 4
+    """Tasks per iteration (each gets `rollout.group_size` episodes)."""
+    train_split: str = "train"
+    """Task split trained on."""
+    num_train_tasks: int = 256
+    """Size of the generated training task pool (iterated in a seeded, resumable order)."""
+    eval_split: str = "heldout_instances"
+    """Held-out split evaluated before training and every `eval_every` iterations."""
+    eval_tasks: int = 16
+    """Held-out tasks per evaluation."""
+    eval_samples: int = 4
+    """Episodes per held-out task (pass@k uses k = this)."""
+    eval_every: int = 10
+    """Evaluate every this many iterations (0: only before and after)."""
+    shuffle_rewards: bool = False
+    """Control run: permute rewards across the batch's episodes before the update."""
+    require_signal: bool = True
+    """Refuse to train when the starting policy's pass@k on training tasks is 0 (no signal)."""
+    seed: int = 0
+    """Seed of task order, episode sampling and initialisation."""
+    run_dir: str = "runs/rl"
+    """Metrics (metrics.jsonl, TensorBoard), checkpoints and the final policy go here."""
+    checkpoint_every: int = 10
+    """Checkpoint every this many iterations (and at the end / on Ctrl-C)."""
+    sandbox_workers: int = 2
+    """Sandbox worker processes for run_tests and the verifier."""

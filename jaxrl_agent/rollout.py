@@ -8,7 +8,8 @@ batching: a finished row is refilled with the next pending episode at once). Per
       -> ToolSession.step(text) in a thread   parse + run the tool (sandbox for run_tests)
       -> append the rendered observation      loss_mask 0, prefilled into that row only
     ... until submit / max turns / token budget / parse-error limit / sandbox error
-      -> verify(task, workspace) in a thread  independent judge -> reward
+      -> verify(task, workspace) in a thread  independent judge -> reward (only a submitted
+                                              episode can earn it; the others score 0)
 
 Tool calls and verifications run in a thread pool, so while some rows wait on the sandbox
 the engine keeps decoding the others. A crash in a tool or the verifier costs that episode
@@ -27,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import (TOOL_SCHEMAS, StepResult, ToolConfig, Tools, ToolSession,
                                    create_workspaces)
@@ -35,29 +37,6 @@ from jaxrl_agent.evaluation import episode_behaviour
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
-
-SYSTEM_PROMPT = ("You fix bugs in a small Python repository. Call one tool per message. "
-                 "Read the code, fix it, run the tests, then submit.")
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """The host agent loop (`collect_episodes`)."""
-
-    group_size: int = 8
-    """Episodes per task (the GRPO / RLOO group)."""
-    max_total_tokens: int = 1024
-    """Token budget of one episode (prompt + all turns); past it the episode ends "max_tokens"."""
-    max_tokens_per_turn: int = 96
-    """Most tokens the policy may sample in one assistant message."""
-    tool_threads: int = 8
-    """Threads running tool calls and verifications concurrently with decoding."""
-    system_prompt: str = SYSTEM_PROMPT
-    """System message; the tool list is appended in the chat format's tool style."""
-    drop_terminations: tuple[str, ...] = ("sandbox_error",)
-    """Episodes ending this way are returned but excluded from the update (`trainable`)."""
-    filter_zero_variance: bool = False
-    """DAPO dynamic sampling: drop groups whose rewards are all equal (no GRPO signal)."""
 
 
 @dataclass
@@ -157,10 +136,17 @@ def collect_episodes(
         engine.start_episode(row, builder.ids, seed=ep_seed)
 
     def finish(row: int, termination: str) -> None:
-        """Stop sampling the row and verify its workspace in the background."""
+        """Stop sampling the row; a submitted workspace is verified in the background.
+
+        Only a submission can earn the reward: an episode that ran out of turns or tokens
+        (or never made a valid call) scores 0 whatever its workspace holds, so the policy
+        is never paid for not deciding to stop."""
         ep = live[row]
         ep.termination = termination
-        ep.waiting = pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)
+        if termination == "submitted":
+            ep.waiting = pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)
+        else:
+            close(row, (0.0, {"reason": "not_submitted"}))
 
     def close(row: int, verdict) -> None:
         ep = live.pop(row)

@@ -3,13 +3,13 @@ log-probs == trainer log-probs, repeatability) and with a scripted policy that r
 the task through the tools (rewards reach the episode), plus crash containment."""
 from dataclasses import replace
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from jaxrl_agent import rollout as R
+from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
@@ -18,7 +18,7 @@ from jaxrl_agent.model import CausalLM, ModelConfig, policy_outputs
 from jaxrl_agent.sampling_engine import SamplingEngine, TurnResult
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 
-RC = R.RolloutConfig(group_size=2, max_total_tokens=512, max_tokens_per_turn=24, tool_threads=4)
+RC = RolloutConfig(group_size=2, max_total_tokens=512, max_tokens_per_turn=24, tool_threads=4)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,100 @@
+"""HOST: metrics to JSONL + TensorBoard, wall-clock timers, and progress bars.
+
+    log = MetricsLogger("runs/x")              # runs/x/metrics.jsonl (+ TensorBoard events)
+    log.log(step, {"reward": 0.5, "eval": {"pass1": 0.2}})   # nested dicts -> "eval/pass1"
+    with progress_bar(total=64, description="rollout") as advance: ... advance(n_done, n_total)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from typing import Any, Iterator
+
+
+def flatten(metrics: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a/b": 1}; leaves non-dict values as they are."""
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def _jsonable(v):
+    if hasattr(v, "item") and getattr(v, "size", 2) == 1:
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN / inf
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+class MetricsLogger:
+    """Appends one JSON object per `log` call to `<run_dir>/metrics.jsonl` and writes the
+    numeric entries as TensorBoard scalars (tensorboardX) when `tensorboard` is True."""
+
+    def __init__(self, run_dir: str, tensorboard: bool = True):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses no line
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+
+    def log(self, step: int, metrics: dict) -> dict:
+        flat = {k: _jsonable(v) for k, v in flatten(metrics).items()}
+        self._file.write(json.dumps({"step": int(step), "time": time.time(), **flat}) + "\n")
+        if self._tb is not None:
+            for k, v in flat.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+        return flat
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Timer:
+    """Accumulates wall-clock seconds per name: `with timer("sampling"): ...`."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, description: str, enabled: bool = True):
+    """A rich progress bar; yields `advance(done, total)` (the rollout's progress callback)."""
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True) as prog:
+        task = prog.add_task(description, total=total)
+        yield lambda done, tot: prog.update(task, completed=done, total=tot)

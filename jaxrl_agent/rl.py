@@ -1,0 +1,219 @@
+"""HOST: the RL loop: rollouts on training tasks -> one sharded train step -> repeat.
+
+    for it in iterations:
+        tasks    = next tasks from the seeded, resumable task iterator
+        episodes = rollout.collect_episodes(tasks, engine, ...)     # G per task, verifier reward
+        kept     = rollout.trainable(episodes)                        # drop sandbox errors, (DAPO) flat groups
+        batch    = trajectory.collate(kept)                           # the only place that pads
+        state    = train_step(state, batch)                           # LOSSES[algo], optax
+        engine.update_params(policy)                                  # no recompilation
+        log / evaluate held-out / checkpoint
+
+Before training it answers the questions that decide whether RL is worth running (DESIGN §9b):
+is the reward trustworthy (the verifier scores the reference fix 1 and the buggy code 0 on the
+run's own tasks), does the policy explore (pass@k and the share of groups with mixed rewards
+on training tasks), is the environment repeatable (the same seed gives the same episode), and
+what it costs (time split, tokens per second). A policy whose pass@k is 0 gives RL no signal:
+the loop says so and stops instead of training (`RLConfig.require_signal`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import replace
+
+import jax
+import numpy as np
+
+from jaxrl_agent import sharding as sh
+from jaxrl_agent.checkpoint import Checkpointer, export_hf
+from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RLConfig, RolloutConfig, SamplingConfig,
+                                TrainConfig, TrajectoryConfig)
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
+from jaxrl_agent.env.tools import ToolConfig, create_workspaces
+from jaxrl_agent.env.verifier import verify
+from jaxrl_agent.evaluation import summarize_episodes
+from jaxrl_agent.loss_registry import LOSSES
+from jaxrl_agent.metrics import MetricsLogger, Timer, progress_bar
+from jaxrl_agent.offline import DataIterator
+from jaxrl_agent.rollout import collect_episodes, group_signal, trainable
+from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.tokenizer import ChatFormat
+from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.trajectory import collate
+
+
+class NoSignalError(RuntimeError):
+    """The starting policy never succeeds on the training tasks: RL has nothing to reinforce."""
+
+
+def policy_for_engine(ts, state, device=None):
+    """The current policy as an NNX model on one device (the engine's), LoRA merged."""
+    params = jax.jit(ts.policy_params, out_shardings=ts.replicated)(state)
+    host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
+    device = device or jax.local_devices()[0]
+    return ts.to_model(jax.device_put(host, device))
+
+
+def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:
+    """Is the reward trustworthy? The reference fix must score 1 and the buggy code 0."""
+    ok_ref = ok_bug = 0
+    with tempfile.TemporaryDirectory(prefix="jxa-vcheck-") as root:
+        for i, task in enumerate(tasks[:n]):
+            ref = create_workspaces({**workspace_files(task), **task.reference_files}, os.path.join(root, f"r{i}"), 1)[0]
+            bug = create_workspaces(workspace_files(task), os.path.join(root, f"b{i}"), 1)[0]
+            ok_ref += verify(task, ref, sandbox).reward == 1.0
+            ok_bug += verify(task, bug, sandbox).reward == 0.0
+    n = min(n, len(tasks))
+    return {"reference_scores_1": ok_ref / max(n, 1), "buggy_scores_0": ok_bug / max(n, 1), "n": n}
+
+
+def evaluate(tasks, engine, chat, sandbox, rollout_cfg: RolloutConfig, tool_cfg: ToolConfig, k: int, *,
+             seed: int, show_progress: bool = True, description: str = "eval") -> tuple[dict, list]:
+    """pass@1 / pass@k with Wilson intervals and behaviour statistics on `tasks` (k episodes each)."""
+    cfg = replace(rollout_cfg, group_size=k)
+    with progress_bar(len(tasks) * k, description, enabled=show_progress) as advance:
+        eps, stats = collect_episodes(tasks, engine, chat, sandbox, cfg, tool_cfg, seed=seed, progress=advance)
+    summary = summarize_episodes(eps, k)
+    summary["signal"] = group_signal(eps)
+    summary["cost"] = stats.as_dict()
+    return summary, eps
+
+
+def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling: SamplingConfig,
+             train: TrainConfig, optim: OptimConfig, tools: ToolConfig = ToolConfig(),
+             traj: TrajectoryConfig = TrajectoryConfig(), train_tasks: list[Task] | None = None,
+             eval_tasks: list[Task] | None = None, show_progress: bool = True, resume: bool = False,
+             tool_style: str = "short") -> dict:
+    """Run RL from `model`; returns the before/after evaluations and per-iteration metrics.
+
+    Writes `<run_dir>/metrics.jsonl` (+ TensorBoard), checkpoints under `<run_dir>/checkpoints`
+    (resumable with `resume=True`), and the final policy as an HF directory `<run_dir>/policy`.
+    Ctrl-C saves a checkpoint and returns what was done so far.
+    """
+    if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
+        raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
+    chat = ChatFormat(tokenizer, tool_style=tool_style)
+    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed)
+    train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
+    eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
+    ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)
+    traj = replace(traj, batch_multiple=math.lcm(traj.batch_multiple, sh.batch_size_multiple(ts.mesh)))
+    data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
+    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
+                                         save_every=rl.checkpoint_every))
+    state = ts.init_state(model, seed=rl.seed)
+    start = 0
+    if resume and ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(ts.abstract_state())
+        data.restore(meta["data_position"])
+        start = int(jax.device_get(state.step))
+    engine = SamplingEngine(policy_for_engine(ts, state), sampling)
+    log = MetricsLogger(rl.run_dir)
+    timer = Timer()
+    result: dict = {"iterations": []}
+
+    def save(it: int) -> None:
+        ckpt.save(it, state, data_position=data.position(), config=train, extra={"rl": rl, "optim": optim})
+
+    with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
+        try:
+            # ---- before training: is RL worth running? ----
+            if start == 0:
+                result["verifier_check"] = verifier_check(train_tasks, sandbox)
+                probe, probe_eps = evaluate(train_tasks[: rl.tasks_per_iter], engine, chat, sandbox, rollout, tools,
+                                            rollout.group_size, seed=rl.seed + 7, show_progress=show_progress,
+                                            description="probe (train tasks)")
+                again, _ = collect_episodes(train_tasks[:1], engine, chat, sandbox, replace(rollout, group_size=1),
+                                            tools, seed=rl.seed + 7)
+                result["repeatable"] = again[0].ids == probe_eps[0].ids
+                result["before"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
+                                            seed=rl.seed + 11, show_progress=show_progress,
+                                            description="eval before")[0]
+                pk = probe.get(f"pass{rollout.group_size}", 0.0)
+                result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk, **probe["signal"]}
+                log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
+                            "probe": result["probe"], "eval": _eval_scalars(result["before"])})
+                if rl.require_signal and pk == 0.0:
+                    raise NoSignalError(
+                        f"the starting policy's pass@{rollout.group_size} on training tasks is 0: every group has "
+                        "equal rewards, so group advantages are all 0 and RL has no signal. Start from an SFT "
+                        "policy (python -m jaxrl_agent sft) or raise rollout.group_size.")
+            # ---- the loop ----
+            for it in range(start + 1, rl.iterations + 1):
+                with timer("rollout"):
+                    tasks = data.next()
+                    with progress_bar(len(tasks) * rollout.group_size, f"iter {it} rollout", show_progress) as adv:
+                        episodes, rstats = collect_episodes(tasks, engine, chat, sandbox, rollout, tools,
+                                                            seed=rl.seed * 1_000_003 + it * 10_007, progress=adv)
+                kept, dropped = trainable(episodes, rollout)
+                if rl.shuffle_rewards and kept:
+                    perm = np.random.default_rng([rl.seed, it]).permutation(len(kept))
+                    rewards = [kept[j].reward for j in perm]
+                    kept = [replace(e, reward=r) for e, r in zip(kept, rewards)]
+                metrics = {"rollout": _rollout_scalars(episodes, rstats), "dropped": dropped}
+                if kept:
+                    with timer("train"):
+                        batch, _ = collate(kept, traj)
+                        state, tmetrics = ts(state, batch)
+                        metrics["train"] = {k: float(v) for k, v in jax.device_get(tmetrics).items()}
+                        engine.update_params(policy_for_engine(ts, state))
+                if rl.eval_every and it % rl.eval_every == 0 and it != rl.iterations:
+                    with timer("eval"):
+                        ev = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
+                                      seed=rl.seed + 11, show_progress=show_progress, description=f"eval @ {it}")[0]
+                    metrics["eval"] = _eval_scalars(ev)
+                metrics["time"] = dict(timer.seconds)
+                result["iterations"].append(log.log(it, metrics))
+                if show_progress:
+                    r = metrics["rollout"]
+                    print(f"iter {it:3d}  reward {r['reward_mean']:.3f}  mixed groups {r['mixed_group_share']:.2f}"
+                          f"  turns {r['mean_turns']:.1f}  loss {metrics.get('train', {}).get('loss', float('nan')):+.4f}"
+                          + (f"  held-out pass@1 {metrics['eval']['pass1']:.3f}" if "eval" in metrics else ""))
+                if ckpt.should_save(it):
+                    save(it)
+            result["after"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
+                                       seed=rl.seed + 11, show_progress=show_progress, description="eval after")[0]
+            log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
+            save(rl.iterations)
+            export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"))
+        except KeyboardInterrupt:
+            save(int(jax.device_get(state.step)))
+            print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
+            result["interrupted"] = True
+        finally:
+            ckpt.close()
+            log.close()
+    result["state"], result["train_step"] = state, ts
+    return result
+
+
+def _eval_scalars(summary: dict) -> dict:
+    keep = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
+    keep["behaviour"] = {k: v for k, v in summary["behaviour"].items() if not isinstance(v, dict)}
+    keep["failure_layers"] = summary["behaviour"]["failure_layers"]
+    return keep
+
+
+def _rollout_scalars(episodes, stats) -> dict:
+    beh = [e.info["behaviour"] for e in episodes]
+    n = max(len(episodes), 1)
+    calls: dict[str, int] = {}
+    for b in beh:
+        for k, v in b["tool_calls"].items():
+            calls[k] = calls.get(k, 0) + v
+    return {
+        **group_signal(episodes),
+        "success": sum(e.reward >= 1.0 for e in episodes) / n,
+        "mean_turns": sum(b["turns"] for b in beh) / n,
+        "tool_calls_per_episode": {k: v / n for k, v in calls.items()},
+        "interface_errors_per_episode": sum(b["interface_errors"] for b in beh) / n,
+        "tool_errors_per_episode": sum(b["tool_errors"] for b in beh) / n,
+        "terminations": {k: v / n for k, v in stats.terminations.items()},
+        "mean_tokens": stats.tokens_total / n,
+        "sampled_tokens_per_s": stats.as_dict()["sampled_tokens_per_s"],
+        "seconds": {"sampling": stats.seconds_sampling, "tools": stats.seconds_tools,
+                    "verify": stats.seconds_verify, "total": stats.seconds_total},
+    }
