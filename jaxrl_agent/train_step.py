@@ -363,6 +363,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     Returns:
       A `TrainStep`: `ts.init_state(model, seed) -> TrainState`, then
       `state, metrics = ts(state, batch)` with `batch` a host or sharded `TrainBatch`;
-      `ts.step` is the underlying `jax.jit` (state donated).
+      `ts.step` is the underlying `jax.jit` (state donated). `metrics` are replicated f32
+      scalars: the LossFn's own (loss terms, KL, entropy, clip fractions, ratio stats, ...)
+      plus grad_norm, update_norm, policy_tokens, averaged over the ppo_epochs x
+      num_mini_batches updates, and logp_gap_mean / logp_gap_max (|logp - sampler_logp| on
+      policy tokens) of the first update, i.e. at the parameters that collected the batch.
     """
     return TrainStep(loss_fn, optimizer, cfg, model, mesh)
