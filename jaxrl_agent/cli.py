@@ -1,6 +1,12 @@
 """HOST: `python -m jaxrl_agent <command> [--section.field=value ...]`.
 
 Commands:
+  demo     The main job: a tiny SFT policy's held-out success before and after a short RL
+           run on the bug-fixing tasks, with an example trajectory (pipelines.py).
+  sft      Expert demonstrations -> SFT of a tiny policy -> HF directory.
+  train    RL from an HF policy directory (rl.py), with checkpoints and --resume=true.
+  eval     pass@1 / pass@k (Wilson 95% intervals) and behaviour statistics -> JSON.
+  export   The latest checkpoint of an RL run -> an HF directory.
   bandit   A multi-step tool-choice bandit trained with any registered loss (default GRPO):
            a tabular softmax policy picks a tool at each of `steps` decisions, observation
            tokens (loss_mask 0) sit between the decisions, and the reward is 1 only when
@@ -61,6 +67,9 @@ def _coerce(text: str, current):
         raise ValueError(f"expected a boolean, got {text!r}")
     if text.lower() == "none":
         return None
+    if isinstance(current, tuple):  # comma-separated, typed like the default's first item
+        items = [t for t in text.split(",") if t != ""]
+        return tuple(_coerce(t, current[0]) if current else t for t in items)
     if isinstance(current, int):
         return int(text)
     if isinstance(current, float) or current is None:
@@ -110,7 +119,29 @@ def cmd_bandit(cfg: BanditRunConfig) -> dict:
     return train_bandit(cfg.bandit, cfg.loss)
 
 
-COMMANDS = {"bandit": (BanditRunConfig, cmd_bandit)}
+def _pipeline(name: str):
+    def run(cfg):
+        from jaxrl_agent import pipelines
+
+        return getattr(pipelines, f"run_{name}_job")(cfg)
+
+    return run
+
+
+def _config(name: str):
+    from jaxrl_agent import pipelines
+
+    return getattr(pipelines, name)
+
+
+COMMANDS = {
+    "bandit": (lambda: BanditRunConfig, cmd_bandit),
+    "demo": (lambda: _config("DemoRunConfig"), _pipeline("demo")),
+    "sft": (lambda: _config("SFTRunConfig"), _pipeline("sft")),
+    "train": (lambda: _config("TrainRunConfig"), _pipeline("train")),
+    "eval": (lambda: _config("EvalRunConfig"), _pipeline("eval")),
+    "export": (lambda: _config("ExportRunConfig"), _pipeline("export")),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,9 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     cfg_cls, fn = COMMANDS[args.command]
     try:
-        cfg = apply_overrides(cfg_cls(), overrides)
+        cfg = apply_overrides(cfg_cls()(), overrides)
     except ValueError as e:
         parser.error(str(e))
-    print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True))
-    fn(cfg)
+    print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
+    from jaxrl_agent.rl import NoSignalError
+
+    try:
+        fn(cfg)
+    except (FileNotFoundError, NoSignalError) as e:  # a user's input problem: say it, no traceback
+        parser.exit(2, f"error: {e}\n")
     return 0

@@ -1,0 +1,374 @@
+"""HOST: the CLI's jobs (sft, train, eval, demo, export), each a function of frozen configs.
+
+    sft     expert demonstrations on training tasks -> SFT of a tiny policy -> HF directory
+    train   RL (rl.train_rl) from an HF policy directory
+    eval    pass@1 / pass@k + behaviour statistics of a policy on a task split -> JSON
+    demo    a shipped (or freshly SFT'd) tiny policy: held-out success before and after a short
+            RL run, and one example trajectory with masked observation tokens marked
+    export  an orbax checkpoint of a run -> an HF directory transformers loads
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+
+from flax import nnx
+
+from jaxrl_agent import hf
+from jaxrl_agent.config import (OptimConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
+                                TrajectoryConfig)
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
+from jaxrl_agent.env.tools import ToolConfig
+from jaxrl_agent.model import CausalLM, ModelConfig
+from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+
+DEMO_POLICY_DIR = os.path.join(os.path.dirname(__file__), "assets", "demo_policy")
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Size of a policy trained from scratch (Qwen2-style: qkv bias, tied embeddings)."""
+
+    hidden_size: int = 128
+    """D."""
+    num_layers: int = 4
+    """Decoder blocks."""
+    num_heads: int = 4
+    """Query heads (head_dim = hidden_size / num_heads)."""
+    num_kv_heads: int = 2
+    """Key/value heads."""
+    intermediate_size: int = 384
+    """SwiGLU width."""
+
+    def build(self, vocab_size: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size, num_layers=self.num_layers,
+                           num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                           head_dim=self.hidden_size // self.num_heads, rope_theta=10000.0, qkv_bias=True,
+                           tie_word_embeddings=True, architecture="Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """`sft`: demonstrations -> supervised fine-tuning."""
+
+    split: str = "train"
+    """Task split the demonstrations come from."""
+    num_tasks: int = 64
+    """Tasks demonstrated (each once per style)."""
+    styles: tuple[str, ...] = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit")
+    """Expert imperfection styles (env/expert.py)."""
+    success_only: bool = False
+    """Keep only demonstrations the verifier scored 1 (rejection-sampling fine-tuning)."""
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 8
+    """Episodes per step."""
+    learning_rate: float = 3e-3
+    """AdamW peak learning rate (cosine decay, short warm-up)."""
+    init: str = ""
+    """HF directory to start from ("" = a fresh tiny model of `model`)."""
+    run_dir: str = "runs/sft"
+    """Output: demonstrations (JSONL), metrics, and the policy (HF directory) in <run_dir>/policy."""
+    seed: int = 0
+    """Seed of the tasks, the expert's choices, initialisation and batch order."""
+    sandbox_workers: int = 2
+    """Sandbox workers for the expert's test runs and the verifier."""
+
+
+@dataclass(frozen=True)
+class SFTRunConfig:
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Where a policy comes from."""
+
+    path: str = DEMO_POLICY_DIR
+    """HF checkpoint directory (the repo ships a tiny demo policy here)."""
+
+
+@dataclass(frozen=True)
+class TrainRunConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(
+        max_new_tokens=96, batch_size=16, cache_size=1024, prefill_buckets=(64, 128, 256, 512, 1024)))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=1e-4))
+    tools: ToolConfig = field(default_factory=ToolConfig)
+    traj: TrajectoryConfig = field(default_factory=TrajectoryConfig)
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """`eval`: a policy on a task split."""
+
+    split: str = "heldout_instances"
+    """train | heldout_instances | heldout_templates | canonical (the binary-search task)."""
+    num_tasks: int = 32
+    """Tasks evaluated (canonical: the one task)."""
+    samples: int = 4
+    """Episodes per task (pass@k with k = samples)."""
+    seed: int = 1
+    """Task generation and sampling seed."""
+    out: str = "runs/eval.json"
+    """Where the JSON summary goes."""
+
+
+@dataclass(frozen=True)
+class EvalRunConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(
+        max_new_tokens=96, batch_size=16, cache_size=1024, prefill_buckets=(64, 128, 256, 512, 1024)))
+    tools: ToolConfig = field(default_factory=ToolConfig)
+
+
+# ---- shared pieces ----
+def load_policy(path: str):
+    """(model, tokenizer) from an HF directory; a clear error when it is missing."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"policy directory {path!r} does not exist: train one with "
+                                "`python -m jaxrl_agent sft` or pass --policy.path=DIR")
+    model, _ = hf.load_pretrained(path)
+    return model, load_tokenizer()
+
+
+def eval_tasks_for(cfg: EvalConfig):
+    if cfg.split == "canonical":
+        return [binary_search_task()]
+    return generate_tasks(cfg.split, cfg.num_tasks, cfg.seed)
+
+
+# ---- sft ----
+def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
+    from jaxrl_agent.demonstrations import collect_demonstrations
+    from jaxrl_agent.offline import run_sft
+
+    s = cfg.sft
+    tok = load_tokenizer()
+    chat = ChatFormat(tok, tool_style="short")
+    tasks = generate_tasks(s.split, s.num_tasks, s.seed)
+    with Sandbox(num_workers=s.sandbox_workers) as sandbox:
+        demos = collect_demonstrations(tasks, sandbox, chat, s.styles, seed=s.seed, threads=s.sandbox_workers)
+    os.makedirs(s.run_dir, exist_ok=True)
+    with open(os.path.join(s.run_dir, "demonstrations.jsonl"), "w") as f:
+        for e in demos:
+            f.write(json.dumps({"ids": e.ids, "loss_mask": e.loss_mask, "reward": e.reward, "info": e.info}) + "\n")
+    rate = {st: sum(e.reward for e in demos if e.info["style"] == st) / max(1, len(tasks)) for st in s.styles}
+    if s.success_only:
+        demos = [e for e in demos if e.reward >= 1.0]
+    if s.init:
+        model, _ = hf.load_pretrained(s.init)
+    else:
+        model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(s.seed))
+    optim = OptimConfig(learning_rate=s.learning_rate, schedule="cosine", warmup_steps=max(1, s.steps // 20),
+                        total_steps=s.steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
+    longest = max(len(e) for e in demos)
+    traj = TrajectoryConfig(buckets=(256, 512, 768, 1024, 1536, 2048), overflow="truncate")
+    history = []
+
+    def on_step(step, metrics):
+        history.append(metrics)
+        if show_progress and (step % 25 == 0 or step == 1):
+            print(f"sft step {step:4d}  nll {metrics['loss']:.4f}  ({metrics['step_time_s']:.2f}s/step)")
+
+    state, _, ts = run_sft(model, demos, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj,
+                           num_steps=s.steps, batch_size=min(s.batch_size, len(demos)), seed=s.seed, on_step=on_step)
+    from jaxrl_agent.checkpoint import export_hf
+
+    out = os.path.join(s.run_dir, "policy")
+    export_hf(ts, state, model.config, out)
+    summary = {"demonstrations": len(demos), "longest_episode": longest, "expert_success": rate,
+               "final_nll": history[-1]["loss"], "policy": out}
+    with open(os.path.join(s.run_dir, "sft_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+# ---- eval ----
+def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
+    from jaxrl_agent.rl import evaluate
+    from jaxrl_agent.sampling_engine import SamplingEngine
+
+    model, tok = load_policy(cfg.policy.path)
+    chat = ChatFormat(tok, tool_style="short")
+    engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids)))
+    with Sandbox(num_workers=2) as sandbox:
+        summary, _ = evaluate(eval_tasks_for(cfg.eval), engine, chat, sandbox, cfg.rollout, cfg.tools, cfg.eval.samples,
+                              seed=cfg.eval.seed, show_progress=show_progress)
+    summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.split
+    os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.out)), exist_ok=True)
+    with open(cfg.eval.out, "w") as f:
+        json.dump(summary, f, indent=2)
+    if show_progress:
+        k = cfg.eval.samples
+        print(f"{cfg.eval.split}: pass@1 {summary['pass1']:.3f} [{summary['pass1_ci_low']:.3f}, "
+              f"{summary['pass1_ci_high']:.3f}]  pass@{k} {summary.get(f'pass{k}', float('nan')):.3f}  -> {cfg.eval.out}")
+    return summary
+
+
+# ---- train ----
+def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
+    from jaxrl_agent.rl import train_rl
+
+    model, tok = load_policy(cfg.policy.path)
+    # The trajectory buckets must hold a whole episode; the row multiple follows the mesh.
+    traj = replace(cfg.traj, buckets=tuple(b for b in cfg.traj.buckets if b >= 64) or (cfg.rollout.max_total_tokens,))
+    return train_rl(model, tok, rl=cfg.rl, rollout=cfg.rollout, sampling=cfg.sampling, train=cfg.train,
+                    optim=cfg.optim, tools=cfg.tools, traj=traj, show_progress=show_progress, resume=cfg.resume)
+
+
+def jsonable_config(cfg) -> dict:
+    return json.loads(json.dumps(asdict(cfg), default=str))
+
+
+
+# ---- demo ----
+@dataclass(frozen=True)
+class DemoConfig:
+    """`demo`: a tiny policy's held-out success before and after a short RL run."""
+
+    policy: str = DEMO_POLICY_DIR
+    """SFT policy to start from (the repo ships one; if it is missing a quick SFT makes one)."""
+    iterations: int = 6
+    """RL iterations."""
+    tasks_per_iter: int = 4
+    """Training tasks per iteration (x rollout.group_size episodes)."""
+    group_size: int = 8
+    """Episodes per task."""
+    eval_tasks: int = 8
+    """Held-out tasks evaluated before and after."""
+    eval_samples: int = 2
+    """Episodes per held-out task."""
+    learning_rate: float = 1e-4
+    """RL learning rate."""
+    run_dir: str = "runs/demo"
+    """Metrics, checkpoints and the trained policy."""
+    seed: int = 0
+    """Seed of tasks and sampling."""
+
+
+@dataclass(frozen=True)
+class DemoRunConfig:
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+
+def render_trajectory(episode, tokenizer, max_chars: int = 4000):
+    """A rich Text of one episode: policy tokens (loss_mask 1) in bold green, observation /
+    prompt tokens (loss_mask 0, masked out of the loss) dimmed."""
+    from rich.text import Text
+
+    text = Text()
+    spans, cur, start = [], None, 0
+    for i, m in enumerate(episode.loss_mask + [None]):
+        if m != cur:
+            if cur is not None:
+                spans.append((cur, episode.ids[start:i]))
+            cur, start = m, i
+    shown = 0
+    for m, ids in spans:
+        piece = tokenizer.decode(ids)
+        if shown + len(piece) > max_chars:
+            piece = piece[: max(0, max_chars - shown)] + " ..."
+        text.append(piece, style="bold green" if m == 1 else "dim")
+        shown += len(piece)
+        if shown >= max_chars:
+            break
+    return text
+
+
+def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
+    from rich.console import Console
+
+    from jaxrl_agent.rl import train_rl
+
+    d = cfg.demo
+    console = Console()
+    policy = d.policy
+    if not os.path.isdir(policy):
+        console.print(f"[yellow]no policy at {policy}: making one with a quick SFT on expert demonstrations[/]")
+        policy = run_sft_job(SFTRunConfig(sft=SFTConfig(num_tasks=48, steps=200, run_dir=os.path.join(d.run_dir, "sft"),
+                                                        seed=d.seed)), show_progress=show_progress)["policy"]
+    model, tok = load_policy(policy)
+    res = train_rl(
+        model, tok,
+        rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
+                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=64),
+        rollout=RolloutConfig(group_size=d.group_size),
+        sampling=SamplingConfig(max_new_tokens=96, batch_size=16, cache_size=1024,
+                                prefill_buckets=(64, 128, 256, 512, 1024)),
+        train=TrainConfig(), optim=OptimConfig(learning_rate=d.learning_rate),
+        traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
+    if "before" not in res or "after" not in res:
+        return res
+    b, a = res["before"], res["after"]
+    k = d.eval_samples
+    console.print(f"\nheld-out ({d.eval_tasks} tasks x {k}):  pass@1 {b['pass1']:.3f} -> {a['pass1']:.3f}   "
+                  f"pass@{k} {b.get(f'pass{k}', 0):.3f} -> {a.get(f'pass{k}', 0):.3f}")
+    # ---- one example trajectory of the trained policy ----
+    from jaxrl_agent.rl import evaluate, policy_for_engine
+    from jaxrl_agent.sampling_engine import SamplingEngine
+
+    engine = SamplingEngine(policy_for_engine(res["train_step"], res["state"]),
+                            SamplingConfig(max_new_tokens=96, batch_size=1, cache_size=1024,
+                                           prefill_buckets=(64, 128, 256, 512, 1024),
+                                           stop_token_ids=tuple(tok.stop_ids)))
+    with Sandbox(num_workers=1) as sandbox:
+        _, eps = evaluate([binary_search_task()], engine, ChatFormat(tok, tool_style="short"), sandbox,
+                          RolloutConfig(), ToolConfig(), 1, seed=d.seed, show_progress=False)
+    console.print("\nexample trajectory on the binary-search task "
+                  "([bold green]policy tokens, trained on[/], [dim]prompt / observation tokens, loss-masked[/]):")
+    console.print(render_trajectory(eps[0], tok))
+    console.print(f"reward {eps[0].reward}  termination {eps[0].termination}")
+    return {"before": b, "after": a}
+
+
+# ---- export ----
+@dataclass(frozen=True)
+class ExportConfig:
+    """`export`: the latest orbax checkpoint of an RL run -> an HF directory."""
+
+    run_dir: str = "runs/rl"
+    """The RL run (its checkpoints are in <run_dir>/checkpoints)."""
+    out: str = "runs/exported"
+    """Output HF directory."""
+
+
+@dataclass(frozen=True)
+class ExportRunConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The policy the run started from (gives the architecture)."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Must match the run's TrainConfig (LoRA rank, mesh) so the checkpoint's structure fits."""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=1e-4))
+    """Must match the run's optimizer (its state is part of the checkpoint)."""
+
+
+def run_export_job(cfg: ExportRunConfig, *, show_progress: bool = True) -> dict:
+    from jaxrl_agent.checkpoint import Checkpointer, export_hf
+    from jaxrl_agent.config import CheckpointConfig
+    from jaxrl_agent.loss_registry import LOSSES
+    from jaxrl_agent.train_step import make_optimizer, make_train_step
+
+    model, _ = load_policy(cfg.policy.path)
+    ckpt_dir = os.path.join(cfg.export.run_dir, "checkpoints")
+    with Checkpointer(CheckpointConfig(directory=ckpt_dir)) as ckpt:
+        if ckpt.latest_step() is None:
+            raise FileNotFoundError(f"no checkpoint under {ckpt_dir!r}")
+        step = ckpt.latest_step()
+        ts = make_train_step(LOSSES["grpo"], make_optimizer(cfg.optim), cfg.train, model)
+        state, _ = ckpt.restore(ts.abstract_state())
+    export_hf(ts, state, model.config, cfg.export.out)
+    if show_progress:
+        print(f"exported step {step} of {cfg.export.run_dir} -> {cfg.export.out}")
+    return {"out": cfg.export.out, "step": step}
