@@ -188,6 +188,9 @@ class TrainConfig:
     advantages when num_mini_batches > 1)."""
     logp_chunk_size: int = 64
     """Sequence chunk of the log-prob / entropy path (memory O(B * chunk * V))."""
+    compiler_options: tuple[tuple[str, str | int | bool], ...] = ()
+    """XLA options for the step's jits as (name, value) pairs, e.g.
+    (("xla_backend_optimization_level", 0),) halves CPU compile time (tests)."""
 
 
 @dataclass(frozen=True)

@@ -175,10 +175,13 @@ class TrainStep:
         self.batch_sharding = sh.batch_sharding(self.mesh)
         self.replicated = repl
         in_sh = (self.state_shardings, self.batch_sharding)
-        self.step = jax.jit(self._step, in_shardings=in_sh, out_shardings=(self.state_shardings, repl), donate_argnums=0)
-        self.grads = jax.jit(self._grads_only, in_shardings=in_sh, out_shardings=(repl, repl, self.trainable_shardings))
+        self._xla = dict(cfg.compiler_options) or None
+        self.step = jax.jit(self._step, in_shardings=in_sh, out_shardings=(self.state_shardings, repl), donate_argnums=0,
+                            compiler_options=self._xla)
+        self.grads = jax.jit(self._grads_only, in_shardings=in_sh, out_shardings=(repl, repl, self.trainable_shardings),
+                             compiler_options=self._xla)
         self.outputs = jax.jit(lambda s, b: self._outputs(self._policy(s.params, s.frozen), b),
-                               in_shardings=in_sh, out_shardings=self.batch_sharding)
+                               in_shardings=in_sh, out_shardings=self.batch_sharding, compiler_options=self._xla)
 
     # ---- state ----
     def init_state(self, model: CausalLM, seed: int = 0) -> TrainState:
@@ -186,16 +189,18 @@ class TrainStep:
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         # A copy, never an alias: the step donates its state, which must not free the model's arrays.
         # (device_put may reuse the buffer on device 0 even with may_alias=False; a jitted copy never does.)
-        params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings)(params)
+        params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings,
+                         compiler_options=self._xla)(params)
         key = jax.random.PRNGKey(seed)
         if self.lora:
             init = jax.jit(lambda p: lora_lib.init_lora(p, self.cfg.lora, jax.random.fold_in(key, 1)),
-                           out_shardings=self.trainable_shardings)
+                           out_shardings=self.trainable_shardings, compiler_options=self._xla)
             trainable, frozen = init(params), params
         else:
             trainable, frozen = params, None
         ref = jax.tree.map(jnp.copy, params) if (self.cfg.use_ref and not self.lora) else None
-        opt_state = jax.jit(self.optimizer.init, out_shardings=self.state_shardings.opt_state)(trainable)
+        opt_state = jax.jit(self.optimizer.init, out_shardings=self.state_shardings.opt_state,
+                            compiler_options=self._xla)(trainable)
         state = TrainState(params=trainable, opt_state=opt_state, step=jnp.zeros((), jnp.int32), rng=key,
                            frozen=frozen, ref=ref)
         return jax.device_put(state, self.state_shardings)

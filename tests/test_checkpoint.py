@@ -29,7 +29,7 @@ class Killed(Exception):
 @pytest.fixture(scope="module")
 def setup():
     model = tw.tiny_model()
-    cfg = TrainConfig(mesh=MESH)
+    cfg = TrainConfig(compiler_options=tw.FAST, mesh=MESH)
     ts = make_train_step(LOSSES["sft"], make_optimizer(OPTIM), cfg, model)
     episodes = tw.random_episodes(24, seed=4)
     return model, cfg, ts, episodes
@@ -98,7 +98,7 @@ def test_incomplete_save_is_ignored(setup, tmp_path):
 
 def test_export_hf_round_trip(setup, tmp_path):
     model, _, _, _ = setup
-    cfg = TrainConfig(mesh=MeshConfig(data=1, fsdp=8, preset="fsdp"), lora=LoraConfig(rank=2))
+    cfg = TrainConfig(compiler_options=tw.FAST, mesh=MeshConfig(data=1, fsdp=8, preset="fsdp"), lora=LoraConfig(rank=2))
     ts = make_train_step(LOSSES["sft"], make_optimizer(OPTIM), cfg, model)
     state = ts.init_state(model)
     # move the adapters' B off zero so the merged export differs from the base weights

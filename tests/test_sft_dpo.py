@@ -11,7 +11,7 @@ from jaxrl_agent.train_step import TrainStep
 from jaxrl_agent.trajectory import Episode, collate
 
 TRAJ = TrajectoryConfig(buckets=(64, 128, 256), batch_multiple=4)
-CFG = TrainConfig(mesh=MeshConfig(data=4, fsdp=2, preset="fsdp"))
+CFG = TrainConfig(compiler_options=tw.FAST, mesh=MeshConfig(data=4, fsdp=2, preset="fsdp"))
 
 
 def _episode(chat, i, first_tool):

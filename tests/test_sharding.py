@@ -110,7 +110,8 @@ def preset_runs():
     batch, _ = collate(tw.random_episodes(16, seed=2), TrajectoryConfig(buckets=(32,), batch_multiple=8))
     runs = {}
     for name, mesh_cfg in MESHES.items():
-        cfg = TrainConfig(loss=LossConfig(agg="seq-mean-token-mean", kl_coef=0.1), mesh=mesh_cfg, use_ref=True,
+        cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(agg="seq-mean-token-mean", kl_coef=0.1),
+                          mesh=mesh_cfg, use_ref=True,
                           old_logp="recompute", num_micro_batches=2 if name == "dp" else 1)
         ts = make_train_step(LOSSES["grpo"], optax.sgd(1.0, momentum=0.0), cfg, model, mesh=_mesh(name))
         state = ts.init_state(model)

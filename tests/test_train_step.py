@@ -51,7 +51,7 @@ def test_four_micro_batches_equal_one_batch(model, batch, mesh1, agg):
     """Rows have different token counts, so averaging per-micro-batch losses would be wrong;
     the accumulated gradient must still equal the full batch's."""
     loss_cfg = LossConfig(agg=agg, kl_coef=0.1)
-    base = TrainConfig(loss=loss_cfg, mesh=ONE, use_ref=True, old_logp="recompute")
+    base = TrainConfig(compiler_options=tw.FAST, loss=loss_cfg, mesh=ONE, use_ref=True, old_logp="recompute")
     full = _step("grpo", base, model, mesh1)
     # seq-mean also checks that advantages precomputed over the batch == the loss's own
     micro_cfg = replace(base, num_micro_batches=4, advantage="grpo" if agg != "token-mean" else "loss")
@@ -85,7 +85,7 @@ def fixed_batches(model, mesh1):
     eps = tw.random_episodes(8, seed=6)
     rl, _ = collate(eps, TrajectoryConfig(buckets=(32,)))
     pairs = preference_pairs(list(zip(eps[0::2], eps[1::2])), TrajectoryConfig(buckets=(32,)))
-    score = _step("sft", TrainConfig(mesh=ONE), model, mesh1)
+    score = _step("sft", TrainConfig(compiler_options=tw.FAST, mesh=ONE), model, mesh1)
     state = score.init_state(model)
     out = {}
     for key, b in (("rl", rl), ("pairs", pairs)):
@@ -102,7 +102,8 @@ def test_each_registered_loss_lowers_its_loss(name, model, mesh1, fixed_batches)
     net = tw.tiny_model(value_head=True) if name == "ppo" else model
     # CISPO's value -sg(w) A logp has weights w = ratio that grow with the update, so it is
     # compared on-policy (old_logp recomputed each step: w = 1, the REINFORCE objective).
-    cfg = TrainConfig(loss=loss_cfg, mesh=ONE, use_ref=name in ("dpo", "grpo", "reinforce_pp"),
+    cfg = TrainConfig(compiler_options=tw.FAST, loss=loss_cfg, mesh=ONE,
+                      use_ref=name in ("dpo", "grpo", "reinforce_pp"),
                       old_logp="recompute" if name == "cispo" else "sampler")
     ts = _step(name, cfg, net, mesh1, lr=3e-3)
     state = ts.init_state(net)
@@ -121,7 +122,8 @@ def test_each_registered_loss_lowers_its_loss(name, model, mesh1, fixed_batches)
 
 # ---- PPO epochs and mini-batches ----
 def test_epochs_and_mini_batches(model, batch, mesh1):
-    cfg = TrainConfig(loss=LossConfig(), mesh=ONE, ppo_epochs=2, num_mini_batches=2, advantage="grpo",
+    cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(), mesh=ONE, ppo_epochs=2, num_mini_batches=2,
+                      advantage="grpo",
                       old_logp="recompute")
     ts = _step("grpo", cfg, model, mesh1)
     state = ts.init_state(model, seed=1)
@@ -140,7 +142,8 @@ def test_epochs_and_mini_batches(model, batch, mesh1):
 
 # ---- LoRA ----
 def test_lora_trains_adapters_only_and_base_is_the_reference(model, batch, mesh1):
-    cfg = TrainConfig(loss=LossConfig(kl_coef=0.1), mesh=ONE, use_ref=True, lora=LoraConfig(rank=4, alpha=8.0))
+    cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(kl_coef=0.1), mesh=ONE, use_ref=True,
+                      lora=LoraConfig(rank=4, alpha=8.0))
     ts = _step("grpo", cfg, model, mesh1, lr=3e-2)
     state = ts.init_state(model)
     assert set(state.params) == set(LoraConfig().targets) and state.ref is None
@@ -198,7 +201,7 @@ def test_bad_train_configs(model, mesh1, batch):
     for bad, match in [({"old_logp": "behaviour"}, "old_logp"), ({"advantage": "vtrace"}, "unknown advantage"),
                        ({"ppo_epochs": 0}, ">= 1")]:
         with pytest.raises(ValueError, match=match):
-            _step("grpo", TrainConfig(mesh=ONE, **bad), model, mesh1)
-    ts = _step("sft", TrainConfig(mesh=ONE, num_micro_batches=3), model, mesh1)
+            _step("grpo", TrainConfig(compiler_options=tw.FAST, mesh=ONE, **bad), model, mesh1)
+    ts = _step("sft", TrainConfig(compiler_options=tw.FAST, mesh=ONE, num_micro_batches=3), model, mesh1)
     with pytest.raises(ValueError, match="micro-batches"):
         ts.grads(ts.init_state(model), batch)
