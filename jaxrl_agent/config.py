@@ -101,6 +101,9 @@ class TrajectoryConfig:
     and one group per row."""
     pad_id: int = 0
     """Token id written on padding positions (never attended to, never in a loss)."""
+    row_buckets: tuple[int, ...] = ()
+    """Allowed row counts B (multiples of batch_multiple), so a varying number of episodes
+    compiles a bounded number of shapes; empty: any multiple of batch_multiple."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ episode per row because its losses read one reward and one group per row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -167,6 +167,13 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
         longest = max(len(ep) for ep in eps)
     T = bucket_length(longest, cfg.buckets)
     B = -(-len(rows) // cfg.batch_multiple) * cfg.batch_multiple
+    if cfg.row_buckets:
+        if any(r % cfg.batch_multiple for r in cfg.row_buckets):
+            raise ValueError(f"row_buckets {cfg.row_buckets} must be multiples of batch_multiple={cfg.batch_multiple}")
+        fit = [r for r in sorted(cfg.row_buckets) if r >= len(rows)]
+        if not fit:
+            raise ValueError(f"{len(rows)} rows exceed the largest row bucket {max(cfg.row_buckets)}")
+        B = fit[0]
 
     tokens = np.full((B, T), cfg.pad_id, np.int32)
     positions = np.zeros((B, T), np.int32)
@@ -215,10 +222,12 @@ def preference_pairs(pairs: Sequence[tuple[Episode, Episode]], cfg: TrajectoryCo
         raise ValueError("DPO rows cannot be packed (rows 2i / 2i+1 form a pair)")
     if cfg.batch_multiple % 2 and cfg.batch_multiple != 1:
         raise ValueError(f"batch_multiple must be even (or 1) for pairs, got {cfg.batch_multiple}")
+    if any(r % 2 for r in cfg.row_buckets):
+        raise ValueError(f"row_buckets must be even for pairs, got {cfg.row_buckets}")
     flat = []
     for i, (chosen, rejected) in enumerate(pairs):
         for ep in (chosen, rejected):
             flat.append(Episode(ep.ids, ep.loss_mask, ep.sampler_logp, ep.turn_id, 0.0, i, ep.termination, ep.info))
     multiple = cfg.batch_multiple if cfg.batch_multiple % 2 == 0 else 2
-    batch, _ = collate(flat, TrajectoryConfig(cfg.buckets, multiple, cfg.overflow, False, cfg.pad_id))
+    batch, _ = collate(flat, replace(cfg, batch_multiple=multiple))
     return batch

@@ -44,6 +44,16 @@ def test_collate_pads_to_bucket_and_multiple():
     assert batch.ref_logp is None and batch.old_logp is None and batch.advantages is None
 
 
+def test_row_buckets_bound_the_batch_shapes():
+    cfg = TrajectoryConfig(buckets=(8,), batch_multiple=2, row_buckets=(4, 8))
+    shapes = {collate([_ep(4)] * n, cfg)[0].tokens.shape for n in range(1, 9)}
+    assert shapes == {(4, 8), (8, 8)}
+    with pytest.raises(ValueError, match="exceed the largest row bucket 8"):
+        collate([_ep(4)] * 9, cfg)
+    with pytest.raises(ValueError, match="multiples of batch_multiple"):
+        collate([_ep(4)], TrajectoryConfig(buckets=(8,), batch_multiple=4, row_buckets=(6,)))
+
+
 def test_padding_groups_never_collide_with_negative_group_ids():
     batch, _ = collate([_ep(4, group=-1), _ep(4, group=-2)], TrajectoryConfig(buckets=(4,), batch_multiple=4))
     assert len(set(batch.group_id.tolist())) == 4
