@@ -1,4 +1,5 @@
-"""DEVICE: pure building blocks of the decoder in `model.py`: RMSNorm, RoPE, GQA attention.
+"""DEVICE: pure building blocks of the decoder in `model.py`: RMSNorm, RoPE, GQA attention,
+dense projections.
 
 Each matches the `transformers` Llama / Qwen numerics: normalisation statistics, attention
 scores and softmax in float32; RoPE in the half-split ("rotate_half") layout; query head h
@@ -32,6 +33,29 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return lead_axes(weight, x.ndim) * x32.astype(x.dtype)
 
 
+def rope_inv_freq(cfg) -> jax.Array:
+    """Inverse RoPE frequencies `[Dh / 2]` float32 (Llama-3 scaled when rope_type == llama3).
+
+    Args: cfg, a `model.ModelConfig` (head_dim and the rope_* fields are read).
+    """
+    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+    if cfg.rope_type == "default":
+        return inv
+    if cfg.rope_type != "llama3":
+        raise ValueError(f"unsupported rope_type {cfg.rope_type!r} (supported: default, llama3)")
+    # Llama-3.1: long wavelengths are slowed by `factor`, short ones kept, a smooth blend between.
+    low_wl = cfg.rope_original_max_position / cfg.rope_low_freq_factor
+    high_wl = cfg.rope_original_max_position / cfg.rope_high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wl, inv / cfg.rope_factor, inv)
+    smooth = (cfg.rope_original_max_position / wavelen - cfg.rope_low_freq_factor) / (
+        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return jnp.where(medium, blended, scaled)
+
+
 def rope_tables(inv_freq: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
     """cos, sin `[B, T, Dh]` float32 for int positions `[B, T]` (half-split layout of HF)."""
     freqs = positions.astype(jnp.float32)[:, :, None] * inv_freq[None, None, :]
@@ -47,19 +71,56 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, causal: bool = False) -> jax.Array:
     """Grouped-query softmax attention.
 
     Args:
       q: `[B, T, H, Dh]`; k, v: `[B, S, K, Dh]` with H % K == 0.
       mask: bool `[B, T, S]`, True where query t may attend to key s.
+      causal: promise that S == T and mask[b, t, s] is False for s > t (static). Queries then
+        run in blocks and block i skips the keys after its last query, which mask hides anyway.
     Returns:
       `[B, T, H, Dh]` in v's dtype. Scores and softmax in float32.
+
+    Layout: query head h uses kv head h // G (G = H / K), as HF. The G query heads of a kv
+    head are folded into the matmul rows, `[B, K, G*T, Dh] x [B, K, S, Dh]`, so k / v are never
+    repeated, and both matmuls have their batch dims leading (XLA:CPU then needs no transposes
+    of the `[.., T, S]` scores in the forward or backward pass). q is scaled before the
+    product (T*Dh multiplies instead of T*S).
     """
     b, t, h, dh = q.shape
-    kv = k.shape[2]
-    qg = q.reshape(b, t, kv, h // kv, dh)  # query head h uses kv head h // (H / K), as HF
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(dh)
-    s = jnp.where(mask[:, None, None, :, :], s, MASKED)
-    w = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", w, v).reshape(b, t, h, dh)
+    s_len, kv = k.shape[1], k.shape[2]
+    g = h // kv
+    if causal and s_len != t:
+        raise ValueError(f"causal attention needs S == T, got q {q.shape}, k {k.shape}")
+    q = (q * (1.0 / math.sqrt(dh))).reshape(b, t, kv, g, dh).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, Dh]
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, Dh]
+    # Causal blocks: with C queries per block, block i needs keys [0, (i + 1) * C) only, which
+    # skips ~half of the score work and keeps each block's scores small (measured fwd + bwd
+    # of one layer at B=16, T=256: 0.115 s unblocked -> 0.066 s with 4 blocks).
+    c = max(64, -(-t // 8)) if causal else t
+    outs = []
+    for start in range(0, t, c):
+        stop = min(start + c, t)
+        n = stop if causal else s_len  # keys this block can see
+        rows = stop - start
+        qi = q[:, :, :, start:stop].reshape(b, kv, g * rows, dh)
+        s = jnp.einsum("bkqd,bksd->bkqs", qi, k[:, :, :n], preferred_element_type=jnp.float32)
+        s = jnp.where(mask[:, None, None, start:stop, :n], s.reshape(b, kv, g, rows, n), MASKED)
+        w = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(b, kv, g * rows, n)
+        outs.append(jnp.einsum("bkqs,bksd->bkqd", w, v[:, :, :n]).reshape(b, kv, g, rows, dh))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, K, G, T, Dh]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+
+def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
+    """Contract the last `n_in` axes of x with the leading ones of w, as one 2-D matmul.
+
+    Args: x `[..., *in]`, w `[*in, *out]`. Returns `[..., *out]` in x's dtype.
+    Why 2-D: on XLA:CPU the gradient of a batched einsum such as `btd,df->btf` materialises
+    transposes of the `[B, T, F]` activations; `[B*T, in] @ [in, out]` differentiates into
+    two plain GEMMs (the model's backward went from 1.46 s to 0.83 s).
+    """
+    ins, outs = w.shape[:n_in], w.shape[n_in:]
+    lead = x.shape[: x.ndim - n_in]
+    y = x.reshape(-1, math.prod(ins)) @ w.reshape(math.prod(ins), math.prod(outs))
+    return y.reshape(*lead, *outs)

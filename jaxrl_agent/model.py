@@ -4,8 +4,9 @@ One module covers the three families (DESIGN §5; building blocks in `layers.py`
 grouped-query attention, SwiGLU MLP, tied or untied embeddings, optional q/k/v biases (Qwen2),
 optional per-head q/k RMSNorm (Qwen3), and an optional scalar value head (critic).
 
-Layer weights are stacked along a leading `layers` axis and applied with `lax.scan`, so
-compile time does not grow with depth. Every parameter carries logical axis names (`vocab`,
+Layer weights are stacked along a leading `layers` axis: shallow models apply them in an
+unrolled loop (faster on CPU), deep ones with `lax.scan` so compile time does not grow with
+depth (`ModelConfig.unroll_layers`). Every parameter carries logical axis names (`vocab`,
 `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) as NNX `out_sharding` metadata;
 only `sharding.py` maps them to mesh axes.
 
@@ -18,7 +19,6 @@ Dims: B batch, T tokens, S cache slots, D model, H heads, K kv heads, Dh head di
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import jax
@@ -27,7 +27,7 @@ from flax import nnx
 
 from jaxrl_agent import kv_cache
 from jaxrl_agent.kv_cache import KVCache
-from jaxrl_agent.layers import apply_rope, attention, lead_axes, rms_norm, rope_tables
+from jaxrl_agent.layers import apply_rope, attention, dense, lead_axes, rms_norm, rope_inv_freq, rope_tables
 from jaxrl_agent.structs import PolicyOutputs
 
 
@@ -75,6 +75,9 @@ class ModelConfig:
     """Add a scalar value head (critic) on the final hidden states."""
     remat: bool = False
     """Rematerialise each block in the backward pass (saves activation memory)."""
+    unroll_layers: int = 8
+    """Models with at most this many layers apply them in an unrolled loop (faster on CPU);
+    deeper ones use `lax.scan`, whose compile time does not grow with depth."""
     architecture: str = "LlamaForCausalLM"
     """HF architecture name written back by `hf.save_pretrained`."""
     max_position_embeddings: int = 32768
@@ -86,26 +89,6 @@ class ModelConfig:
 
 
 # ---- pure helpers --------------------------------------------------------------------------
-
-
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """Inverse RoPE frequencies `[Dh / 2]` float32 (Llama-3 scaled when rope_type == llama3)."""
-    inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
-    if cfg.rope_type == "default":
-        return inv
-    if cfg.rope_type != "llama3":
-        raise ValueError(f"unsupported rope_type {cfg.rope_type!r} (supported: default, llama3)")
-    # Llama-3.1: long wavelengths are slowed by `factor`, short ones kept, a smooth blend between.
-    low_wl = cfg.rope_original_max_position / cfg.rope_low_freq_factor
-    high_wl = cfg.rope_original_max_position / cfg.rope_high_freq_factor
-    wavelen = 2 * math.pi / inv
-    scaled = jnp.where(wavelen > low_wl, inv / cfg.rope_factor, inv)
-    smooth = (cfg.rope_original_max_position / wavelen - cfg.rope_low_freq_factor) / (
-        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
-    )
-    blended = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
-    medium = (wavelen >= high_wl) & (wavelen <= low_wl)
-    return jnp.where(medium, blended, scaled)
 
 
 def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -236,9 +219,7 @@ class CausalLM(nnx.Module):
     def _qkv(self, p, x, cos, sin):
         cfg = self.config
         h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, p["wq"])
-        k = jnp.einsum("btd,dhk->bthk", h, p["wk"])
-        v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
+        q, k, v = dense(h, p["wq"]), dense(h, p["wk"]), dense(h, p["wv"])  # [B, T, H | K, Dh]
         if cfg.qkv_bias:
             q, k, v = q + lead_axes(p["bq"], 4), k + lead_axes(p["bk"], 4), v + lead_axes(p["bv"], 4)
         if cfg.qk_norm:
@@ -247,17 +228,27 @@ class CausalLM(nnx.Module):
 
     def _finish_block(self, p, x, attn):
         cfg = self.config
-        out = jnp.einsum("bthk,hkd->btd", attn, p["wo"])
+        out = dense(attn, p["wo"], n_in=2)  # [B, T, D]
         x = x + (out + lead_axes(p["bo"], 3) if cfg.o_bias else out)
         h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-        gate = jax.nn.silu(jnp.einsum("btd,df->btf", h, p["w_gate"]))
-        up = jnp.einsum("btd,df->btf", h, p["w_up"])
-        return x + jnp.einsum("btf,fd->btd", gate * up, p["w_down"])
+        gate = jax.nn.silu(dense(h, p["w_gate"]))  # [B, T, F]
+        return x + dense(gate * dense(h, p["w_up"]), p["w_down"])
 
-    def _scan(self, body, carry, xs):
+    def _layers(self, body, carry, xs):
+        """Apply `body(carry, layer_xs) -> (carry, None)` over the stacked layers.
+
+        Up to `unroll_layers` layers run as a Python loop over slices of the stacked arrays:
+        on CPU this is ~25% faster than `lax.scan` (no loop-carried buffers, and XLA can
+        fuse across layer boundaries). Deeper models scan so compile time stays flat.
+        """
         if self.config.remat:
             body = jax.checkpoint(body, prevent_cse=False)
-        return jax.lax.scan(body, carry, xs)[0]
+        n = self.config.num_layers
+        if n > self.config.unroll_layers:
+            return jax.lax.scan(body, carry, xs)[0]
+        for i in range(n):
+            carry = body(carry, jax.tree.map(lambda a: a[i], xs))[0]
+        return carry
 
     # ---- full forward (training, scoring) ----
 
@@ -287,9 +278,9 @@ class CausalLM(nnx.Module):
 
         def body(x, p):
             q, k, v = self._qkv(p, x, cos, sin)
-            return self._finish_block(p, x, attention(q, k, v, mask)), None
+            return self._finish_block(p, x, attention(q, k, v, mask, causal=True)), None
 
-        x = self._scan(body, x, self._layer_params())
+        x = self._layers(body, x, self._layer_params())
         return rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
 
     def unembedding(self) -> jax.Array:
@@ -348,7 +339,7 @@ class CausalLM(nnx.Module):
             vs = kv_cache.write_layer(vs, layer, slots, v)
             return (self._finish_block(p, x, attention(q, ks[layer], vs[layer], mask)), ks, vs), None
 
-        x, ks, vs = self._scan(body, (self._get("embed")[tokens], cache.k, cache.v), (self._layer_params(), layer_ids))
+        x, ks, vs = self._layers(body, (self._get("embed")[tokens], cache.k, cache.v), (self._layer_params(), layer_ids))
         hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
         lengths = cache.lengths + jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
         return hidden, KVCache(k=ks, v=vs, lengths=lengths)
