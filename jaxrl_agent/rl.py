@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_agent import sharding as sh
@@ -49,12 +50,14 @@ class NoSignalError(RuntimeError):
     """The starting policy never succeeds on the training tasks: RL has nothing to reinforce."""
 
 
-def policy_for_engine(ts, state, device=None):
-    """The current policy as an NNX model on one device (the engine's), LoRA merged."""
+def policy_for_engine(ts, state):
+    """The current policy as an NNX model on the default device (the engine's), LoRA merged.
+
+    The arrays are uncommitted, so the same model can also seed a new TrainStep on any mesh.
+    """
     params = jax.jit(ts.policy_params, out_shardings=ts.replicated)(state)
     host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
-    device = device or jax.local_devices()[0]
-    return ts.to_model(jax.device_put(host, device))
+    return ts.to_model(jax.tree.map(jnp.asarray, host))
 
 
 def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:
@@ -100,7 +103,11 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
     eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
     ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)
-    traj = replace(traj, batch_multiple=math.lcm(traj.batch_multiple, sh.batch_size_multiple(ts.mesh)))
+    mult = math.lcm(traj.batch_multiple, sh.batch_size_multiple(ts.mesh))
+    if not traj.row_buckets:  # one row count per run (dropped episodes become padding rows): one compile
+        rows = rl.tasks_per_iter * rollout.group_size
+        traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
+    traj = replace(traj, batch_multiple=mult)
     data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))
@@ -116,7 +123,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     result: dict = {"iterations": []}
 
     def save(it: int) -> None:
-        ckpt.save(it, state, data_position=data.position(), config=train, extra={"rl": rl, "optim": optim})
+        if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
+            ckpt.save(it, state, data_position=data.position(), config=train, extra={"rl": rl, "optim": optim})
 
     with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
         try:

@@ -1,0 +1,126 @@
+"""The RL loop end to end on a one-step tool-choice task: a tiny LM, SFT'd on a 50/50 mix of
+`submit` and `list_files` demonstrations, must learn that only `submit` is rewarded (the update
+direction is right, not only that it runs); every algorithm runs through the same loop with
+its invariants checked; a killed run resumes from its checkpoint."""
+import json
+import os
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_agent.config import (SYSTEM_PROMPT, OptimConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
+                                TrajectoryConfig)
+from jaxrl_agent.env.tasks import Task
+from jaxrl_agent.env.tools import TOOL_SCHEMAS, ToolConfig, format_tool_call
+from jaxrl_agent.model import CausalLM, ModelConfig
+from jaxrl_agent.offline import run_sft
+from jaxrl_agent.rl import NoSignalError, policy_for_engine, train_rl
+from jaxrl_agent.rollout import episode_prompt
+from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder, load_tokenizer
+from jaxrl_agent.trajectory import Episode
+
+pytestmark = pytest.mark.slow
+
+SOURCE = "def answer():\n    return 42\n"
+TEST = "from answer import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+
+
+def submit_task(i: int) -> Task:
+    """Already correct: submitting it earns 1; any other first call ends the episode with 0."""
+    return Task(task_id=f"submit-{i}", instruction="The repository is already correct. Submit it.",
+                files={"answer.py": SOURCE}, dev_tests={"test_answer.py": TEST},
+                hidden_tests={"test_hidden_answer.py": TEST}, reference_files={"answer.py": SOURCE},
+                metadata={"template": "submit_only", "split": "custom"})
+
+
+TASKS = [submit_task(i) for i in range(4)]
+TOOLS = ToolConfig(max_turns=1)
+ROLLOUT = RolloutConfig(group_size=8, max_total_tokens=256, max_tokens_per_turn=32)
+SAMPLING = SamplingConfig(max_new_tokens=32, batch_size=16, cache_size=256, prefill_buckets=(256,))
+TRAJ = TrajectoryConfig(buckets=(256,))
+
+
+def rl_config(tmp_path, **kw) -> RLConfig:
+    base = dict(iterations=2, tasks_per_iter=2, eval_tasks=2, eval_samples=4, eval_every=0, num_train_tasks=4,
+                run_dir=str(tmp_path / "run"), checkpoint_every=1, sandbox_workers=2)
+    return RLConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sft_model(tok):
+    """A tiny policy that calls `submit` about half the time and `list_files` otherwise."""
+    chat = ChatFormat(tok, tool_style="short")
+    demos = []
+    for i, name in enumerate(["submit", "list_files"] * 8):
+        b = EpisodeBuilder(chat, episode_prompt(TASKS[i % 4], SYSTEM_PROMPT), TOOL_SCHEMAS)
+        ids = tok.encode(format_tool_call(name, {}) + IM_END)
+        b.append_sampled(ids, [0.0] * len(ids))
+        demos.append(Episode.from_builder(b, termination="submitted"))
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=True,
+                      architecture="Qwen2ForCausalLM")
+    model = CausalLM(cfg, rngs=nnx.Rngs(0))
+    state, hist, ts = run_sft(model, demos, train_cfg=TrainConfig(), optim_cfg=OptimConfig(learning_rate=1e-2),
+                              traj_cfg=TRAJ, num_steps=60, batch_size=16)
+    assert hist[-1]["loss"] < 0.1 * hist[0]["loss"]
+    return policy_for_engine(ts, state)
+
+
+def test_grpo_learns_the_rewarded_call(sft_model, tok, tmp_path):
+    # Adam moves every weight by ~lr per step whatever the gradient's size: for a 60k-parameter
+    # model 1e-3 is already a large step, so a moderate rate and 32 episodes per update.
+    res = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=8, tasks_per_iter=4, algo="grpo"), rollout=ROLLOUT,
+                   sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=5e-4), tools=TOOLS,
+                   traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:2], show_progress=False)
+    succ = [it["rollout/success"] for it in res["iterations"]]
+    assert 0.05 < res["probe"]["pass1"] < 0.9, "the SFT start should explore both calls"
+    # this task ships correct code, so the "buggy" files pass too: the check must say so
+    assert res["verifier_check"] == {"reference_scores_1": 1.0, "buggy_scores_0": 0.0, "n": 2}
+    assert res["repeatable"]
+    assert np.mean(succ[-3:]) > np.mean(succ[:2]) + 0.2, succ
+    assert res["after"]["pass1"] > res["before"]["pass1"] + 0.2
+    # metrics reached JSONL, and the final policy was exported
+    lines = [json.loads(x) for x in open(os.path.join(res["train_step"] and rl_config(tmp_path).run_dir, "metrics.jsonl"))]
+    assert any("train/loss" in x for x in lines) and os.path.exists(os.path.join(rl_config(tmp_path).run_dir, "policy"))
+
+
+@pytest.mark.parametrize("algo", ["dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"])
+def test_every_algorithm_runs_the_loop(sft_model, tok, tmp_path, algo):
+    train = TrainConfig(use_ref=algo in ("reinforce_pp",), loss=replace(TrainConfig().loss, kl_coef=0.01))
+    res = train_rl(sft_model, tok, rl=rl_config(tmp_path, algo=algo), rollout=ROLLOUT, sampling=SAMPLING,
+                   train=train, optim=OptimConfig(learning_rate=1e-3), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
+                   eval_tasks=TASKS[:1], show_progress=False)
+    before = jax.tree.leaves(nnx.state(sft_model, nnx.Param))
+    after = jax.tree.leaves(res["train_step"].policy_params(res["state"]))
+    assert len(res["iterations"]) == 2
+    for it in res["iterations"]:
+        assert np.isfinite(it["train/loss"]) and it["train/policy_tokens"] > 0
+        assert it["train/logp_gap_max"] < 1e-3  # sampler and trainer agree on the policy tokens
+        assert 0.0 <= it["rollout/reward_mean"] <= 1.0
+    assert any(not np.allclose(a, b) for a, b in zip(before, after)), "parameters did not change"
+
+
+def test_resume_continues_from_checkpoint(sft_model, tok, tmp_path):
+    kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+              tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
+    first = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=1), **kw)
+    resumed = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=2), resume=True, **kw)
+    assert len(resumed["iterations"]) == 1 and "before" not in resumed  # only the missing iteration ran
+    assert int(resumed["state"].step) == 2 and int(first["state"].step) == 1
+
+
+def test_no_signal_refuses_to_train(tok, tmp_path):
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=8)
+    with pytest.raises(NoSignalError, match="no signal"):
+        train_rl(CausalLM(cfg, rngs=nnx.Rngs(1)), tok, rl=rl_config(tmp_path), rollout=ROLLOUT, sampling=SAMPLING,
+                 train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
+                 eval_tasks=TASKS[:1], show_progress=False)
