@@ -69,8 +69,21 @@ def _edits(current: str, reference: str) -> list[tuple[str, str]]:
                 break
             lo, hi = max(lo - 1, 0), min(hi + 1, len(cur))
         new = "".join(cur[lo:i1]) + "".join(ref[j1:j2]) + "".join(cur[i2:hi])
-        out.append((old, new))
+        out.append(_trim(old, new, current))
     return out
+
+
+def _trim(old: str, new: str, current: str) -> tuple[str, str]:
+    """Drop the shared leading indentation and trailing newline of (old, new) while `old`
+    stays unique: the shortest faithful edit is the one a small model can copy reliably."""
+    k = 0
+    while k < min(len(old), len(new)) and old[k] == new[k] and old[k] in " \t":
+        k += 1
+    j = 1 if old.endswith("\n") and new.endswith("\n") else 0
+    o, n = old[k:len(old) - j], new[k:len(new) - j]
+    if o and o != n and current.count(o) == 1:
+        return o, n
+    return old, new
 
 
 _MUTATIONS = ((" + 1", " + 2"), (" - 1", " - 2"), ("<=", "<"), (">=", ">"), (" < ", " <= "),
