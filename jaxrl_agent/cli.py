@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
     from jaxrl_agent.rl import NoSignalError
+    from jaxrl_agent.sharding import initialize_distributed
 
+    initialize_distributed()  # multi-host only when the launcher's environment asks for it
     try:
         fn(cfg)
     except (FileNotFoundError, NoSignalError) as e:  # a user's input problem: say it, no traceback

@@ -286,10 +286,24 @@ def render_trajectory(episode, tokenizer, max_chars: int = 4000):
     return text
 
 
+def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
+    from jaxrl_agent.rl import train_rl
+
+    return train_rl(
+        model, tok,
+        rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
+                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=64),
+        rollout=RolloutConfig(group_size=d.group_size),
+        sampling=SamplingConfig(max_new_tokens=96, batch_size=16, cache_size=1024,
+                                prefill_buckets=(64, 128, 256, 512, 1024)),
+        train=TrainConfig(), optim=OptimConfig(learning_rate=d.learning_rate),
+        traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
+
+
 def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
     from rich.console import Console
 
-    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.rl import NoSignalError
 
     d = cfg.demo
     console = Console()
@@ -299,15 +313,13 @@ def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
         policy = run_sft_job(SFTRunConfig(sft=SFTConfig(num_tasks=48, steps=200, run_dir=os.path.join(d.run_dir, "sft"),
                                                         seed=d.seed)), show_progress=show_progress)["policy"]
     model, tok = load_policy(policy)
-    res = train_rl(
-        model, tok,
-        rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
-                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=64),
-        rollout=RolloutConfig(group_size=d.group_size),
-        sampling=SamplingConfig(max_new_tokens=96, batch_size=16, cache_size=1024,
-                                prefill_buckets=(64, 128, 256, 512, 1024)),
-        train=TrainConfig(), optim=OptimConfig(learning_rate=d.learning_rate),
-        traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
+    try:
+        res = _demo_rl(model, tok, d, show_progress)
+    except NoSignalError as e:
+        b = e.result["before"]
+        console.print(f"\nheld-out pass@1 {b['pass1']:.3f}; failure layers {b['behaviour']['failure_layers']}")
+        console.print(f"[bold red]no RL run:[/] {e}")
+        return e.result
     if "before" not in res or "after" not in res:
         return res
     b, a = res["before"], res["after"]

@@ -47,7 +47,14 @@ from jaxrl_agent.trajectory import collate
 
 
 class NoSignalError(RuntimeError):
-    """The starting policy never succeeds on the training tasks: RL has nothing to reinforce."""
+    """The starting policy never succeeds on the training tasks: RL has nothing to reinforce.
+
+    `.result` holds what the loop measured before it stopped (checks, probe, held-out eval).
+    """
+
+    def __init__(self, result: dict, message: str):
+        super().__init__(message)
+        self.result = result
 
 
 def policy_for_engine(ts, state):
@@ -145,7 +152,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
                             "probe": result["probe"], "eval": _eval_scalars(result["before"])})
                 if rl.require_signal and pk == 0.0:
-                    raise NoSignalError(
+                    raise NoSignalError(result,
                         f"the starting policy's pass@{rollout.group_size} on training tasks is 0: every group has "
                         "equal rewards, so group advantages are all 0 and RL has no signal. Start from an SFT "
                         "policy (python -m jaxrl_agent sft) or raise rollout.group_size.")

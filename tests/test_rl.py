@@ -124,3 +124,28 @@ def test_no_signal_refuses_to_train(tok, tmp_path):
         train_rl(CausalLM(cfg, rngs=nnx.Rngs(1)), tok, rl=rl_config(tmp_path), rollout=ROLLOUT, sampling=SAMPLING,
                  train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
                  eval_tasks=TASKS[:1], show_progress=False)
+
+
+def test_eval_and_export_commands(sft_model, tok, tmp_path):
+    """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint."""
+    from jaxrl_agent import hf
+    from jaxrl_agent.pipelines import (EvalConfig, EvalRunConfig, ExportConfig, ExportRunConfig, PolicyConfig,
+                                       run_eval_job, run_export_job)
+
+    policy = str(tmp_path / "policy")
+    hf.save_pretrained(sft_model, sft_model.config, policy)
+    out = str(tmp_path / "eval.json")
+    summary = run_eval_job(EvalRunConfig(policy=PolicyConfig(policy), eval=EvalConfig(split="canonical", samples=2, out=out),
+                                         rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)
+    assert json.load(open(out))["n_episodes"] == 2 and 0.0 <= summary["pass1"] <= 1.0
+    run_dir = str(tmp_path / "run")
+    train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=1), rollout=ROLLOUT, sampling=SAMPLING,
+             train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
+             eval_tasks=TASKS[:1], show_progress=False)
+    exported = str(tmp_path / "exported")
+    run_export_job(ExportRunConfig(policy=PolicyConfig(policy), export=ExportConfig(run_dir=run_dir, out=exported),
+                                   optim=OptimConfig(learning_rate=1e-3)), show_progress=False)
+    model, _ = hf.load_pretrained(exported)
+    trained = hf.load_pretrained(os.path.join(run_dir, "policy"))[0]
+    for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(trained, nnx.Param))):
+        np.testing.assert_array_equal(a, b)  # the checkpoint export == the run's own final export
