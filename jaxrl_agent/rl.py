@@ -96,12 +96,13 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
              train: TrainConfig, optim: OptimConfig, tools: ToolConfig = ToolConfig(),
              traj: TrajectoryConfig = TrajectoryConfig(), train_tasks: list[Task] | None = None,
              eval_tasks: list[Task] | None = None, show_progress: bool = True, resume: bool = False,
-             tool_style: str = "short") -> dict:
+             tool_style: str = "short", on_iteration=None) -> dict:
     """Run RL from `model`; returns the before/after evaluations and per-iteration metrics.
 
     Writes `<run_dir>/metrics.jsonl` (+ TensorBoard), checkpoints under `<run_dir>/checkpoints`
     (resumable with `resume=True`), and the final policy as an HF directory `<run_dir>/policy`.
-    Ctrl-C saves a checkpoint and returns what was done so far.
+    Ctrl-C saves a checkpoint and returns what was done so far. `on_iteration(it, metrics)`
+    is called after each iteration's log line (monitoring, notebooks).
     """
     if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
         raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
@@ -182,6 +183,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     metrics["eval"] = _eval_scalars(ev)
                 metrics["time"] = dict(timer.seconds)
                 result["iterations"].append(log.log(it, metrics))
+                if on_iteration is not None:
+                    on_iteration(it, result["iterations"][-1])
                 if show_progress:
                     r = metrics["rollout"]
                     print(f"iter {it:3d}  reward {r['reward_mean']:.3f}  mixed groups {r['mixed_group_share']:.2f}"
