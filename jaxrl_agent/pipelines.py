@@ -27,6 +27,12 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 DEMO_POLICY_DIR = os.path.join(os.path.dirname(__file__), "assets", "demo_policy")
 
 
+def agent_sampling(**overrides) -> SamplingConfig:
+    """The sampling engine shape the agent jobs use: whole episodes of up to 1024 tokens."""
+    base = dict(max_new_tokens=96, batch_size=16, cache_size=1024, prefill_buckets=(64, 128, 256, 512, 1024))
+    return SamplingConfig(**{**base, **overrides})
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """Size of a policy trained from scratch (Qwen2-style: qkv bias, tied embeddings)."""
@@ -97,8 +103,7 @@ class TrainRunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(
-        max_new_tokens=96, batch_size=16, cache_size=1024, prefill_buckets=(64, 128, 256, 512, 1024)))
+    sampling: SamplingConfig = field(default_factory=agent_sampling)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=1e-4))
     tools: ToolConfig = field(default_factory=ToolConfig)
@@ -127,8 +132,7 @@ class EvalRunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(
-        max_new_tokens=96, batch_size=16, cache_size=1024, prefill_buckets=(64, 128, 256, 512, 1024)))
+    sampling: SamplingConfig = field(default_factory=agent_sampling)
     tools: ToolConfig = field(default_factory=ToolConfig)
 
 
@@ -294,8 +298,7 @@ def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
         rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
                     eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=64),
         rollout=RolloutConfig(group_size=d.group_size),
-        sampling=SamplingConfig(max_new_tokens=96, batch_size=16, cache_size=1024,
-                                prefill_buckets=(64, 128, 256, 512, 1024)),
+        sampling=agent_sampling(),
         train=TrainConfig(), optim=OptimConfig(learning_rate=d.learning_rate),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
 
@@ -331,9 +334,7 @@ def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.sampling_engine import SamplingEngine
 
     engine = SamplingEngine(policy_for_engine(res["train_step"], res["state"]),
-                            SamplingConfig(max_new_tokens=96, batch_size=1, cache_size=1024,
-                                           prefill_buckets=(64, 128, 256, 512, 1024),
-                                           stop_token_ids=tuple(tok.stop_ids)))
+                            agent_sampling(batch_size=1, stop_token_ids=tuple(tok.stop_ids)))
     with Sandbox(num_workers=1) as sandbox:
         _, eps = evaluate([binary_search_task()], engine, ChatFormat(tok, tool_style="short"), sandbox,
                           RolloutConfig(), ToolConfig(), 1, seed=d.seed, show_progress=False)
