@@ -43,13 +43,14 @@ from jaxrl_agent.trajectory import Episode
 class _Live:
     """An episode occupying an engine row."""
 
+    key: tuple[int, int]  # (task index, member of the group)
     task: Task
     group_id: int
     builder: EpisodeBuilder
     session: ToolSession
     workspace: str
     seed: int
-    waiting: Future | None = None  # a tool call or the verification in flight
+    waiting: Future | None = None  # the tool call in flight
     termination: str | None = None
 
 
@@ -112,8 +113,8 @@ def collect_episodes(
     t_start = time.perf_counter()
     root = tempfile.mkdtemp(prefix="jxa-rollout-")
     workspaces = {}  # task index -> G workspace dirs (hard-link farm, made on first use)
-    live: dict[int, _Live] = {}
-    keys: dict[int, tuple[int, int]] = {}
+    live: dict[int, _Live] = {}  # engine row -> the episode sampling in it
+    verifying: dict[Future, _Live] = {}  # submitted episodes, their rows already refilled
     tool_seconds = [0.0, 0.0]  # [tools, verify], summed over threads
 
     def timed(slot: int, fn, *args):
@@ -131,25 +132,25 @@ def collect_episodes(
         tools = Tools(workspaces[i][g], sorted(task.dev_tests), sandbox, tool_cfg)
         builder = EpisodeBuilder(chat, episode_prompt(task, cfg.system_prompt), TOOL_SCHEMAS)
         ep_seed = seed + i * G + g
-        live[row] = _Live(task, first_group_id + i, builder, ToolSession(tools, tool_cfg), workspaces[i][g], ep_seed)
-        keys[row] = (i, g)
+        live[row] = _Live((i, g), task, first_group_id + i, builder, ToolSession(tools, tool_cfg),
+                          workspaces[i][g], ep_seed)
         engine.start_episode(row, builder.ids, seed=ep_seed)
 
     def finish(row: int, termination: str) -> None:
-        """Stop sampling the row; a submitted workspace is verified in the background.
+        """Free the row at once; a submitted workspace is verified in the background.
 
         Only a submission can earn the reward: an episode that ran out of turns or tokens
         (or never made a valid call) scores 0 whatever its workspace holds, so the policy
         is never paid for not deciding to stop."""
-        ep = live[row]
+        ep = live.pop(row)
+        engine.end_episode(row)
         ep.termination = termination
         if termination == "submitted":
-            ep.waiting = pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)
+            verifying[pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)] = ep
         else:
-            close(row, (0.0, {"reason": "not_submitted"}))
+            close(ep, (0.0, {"reason": "not_submitted"}))
 
-    def close(row: int, verdict) -> None:
-        ep = live.pop(row)
+    def close(ep: _Live, verdict) -> None:
         reward, vinfo = verdict
         termination = ep.termination
         if vinfo.get("reason") == "verifier_crash":
@@ -157,29 +158,27 @@ def collect_episodes(
         info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
                 "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
                 "behaviour": episode_behaviour(ep.session.history, termination, reward)}
-        results[keys.pop(row)] = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
-                                                      termination=termination, info=info)
-        engine.end_episode(row)
+        results[ep.key] = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
+                                               termination=termination, info=info)
         stats.terminations[termination] = stats.terminations.get(termination, 0) + 1
         if progress is not None:
             progress(len(results), len(tasks) * G)
 
     with ThreadPoolExecutor(max_workers=cfg.tool_threads) as pool:
         try:
-            while pending or live:
+            while pending or live or verifying:
                 # ---- refill free rows (continuous batching) ----
                 for row in engine.free_rows():
                     if not pending:
                         break
-                    if row not in live:
-                        start(row)
+                    start(row)
                 # ---- one turn for every row that is ready to speak ----
-                ready = [r for r, ep in live.items() if ep.waiting is None and ep.termination is None]
+                ready = [r for r, ep in live.items() if ep.waiting is None]
                 if ready:
-                    budget = min(cfg.max_tokens_per_turn,
-                                 max(1, cfg.max_total_tokens - min(len(live[r].builder) for r in ready)))
                     t0 = time.perf_counter()
-                    turn = engine.sample_turn(ready, max_new_tokens=budget)
+                    # Per-row room is the engine's job: a row that reaches the end of its
+                    # cache stops with "cache_full" (cache_size >= max_total_tokens).
+                    turn = engine.sample_turn(ready, max_new_tokens=cfg.max_tokens_per_turn)
                     stats.seconds_sampling += time.perf_counter() - t0
                     for r in ready:
                         ep = live[r]
@@ -191,19 +190,20 @@ def collect_episodes(
                             continue
                         text = chat.tokenizer.decode(ids)
                         ep.waiting = pool.submit(timed, 0, _safe_step, ep.session, text)
-                # ---- collect finished tool calls / verifications ----
+                # ---- collect finished tool calls and verifications ----
                 busy = {ep.waiting: r for r, ep in live.items() if ep.waiting is not None}
-                if not busy:
+                if not busy and not verifying:
                     continue
-                # Block only when nothing can be decoded meanwhile.
-                done, _ = wait(busy, timeout=None if not _any_ready(live) else 0, return_when=FIRST_COMPLETED)
+                # Block only when nothing can be decoded (or started) meanwhile.
+                can_work = any(ep.waiting is None for ep in live.values()) or (pending and engine.free_rows())
+                done, _ = wait([*busy, *verifying], timeout=0 if can_work else None, return_when=FIRST_COMPLETED)
                 for fut in done:
+                    if fut in verifying:
+                        close(verifying.pop(fut), fut.result())
+                        continue
                     r = busy[fut]
                     ep = live[r]
                     ep.waiting = None
-                    if ep.termination is not None:  # the verification finished
-                        close(r, fut.result())
-                        continue
                     step = fut.result()
                     if step.done:
                         finish(r, step.termination)
@@ -221,10 +221,6 @@ def collect_episodes(
     stats.episodes = len(episodes)
     stats.tokens_total = sum(len(e) for e in episodes)
     return episodes, stats
-
-
-def _any_ready(live: dict[int, _Live]) -> bool:
-    return any(ep.waiting is None and ep.termination is None for ep in live.values())
 
 
 def _safe_step(session: ToolSession, text: str):
