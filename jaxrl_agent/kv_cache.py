@@ -68,12 +68,12 @@ def append_slots(lengths: jax.Array, num_new: int) -> jax.Array:
     return lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
 
 
-def write_layer(cache_kv: jax.Array, layer: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
+def write_layer(cache_kv: jax.Array, layer: int | jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
     """Scatter one layer's new keys (or values) into the stacked cache array.
 
     Args:
       cache_kv: `[L, B, S, K, Dh]` keys or values of all layers.
-      layer: int32 scalar layer index (traced inside the layer scan).
+      layer: layer index, a Python int (unrolled layers) or an int32 scalar (layer scan).
       slots: int32 `[B, T]` target slot of each new token (`append_slots`).
       new: `[B, T, K, Dh]` the new keys or values.
     Returns:
