@@ -149,3 +149,15 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path):
     trained = hf.load_pretrained(os.path.join(run_dir, "policy"))[0]
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(trained, nnx.Param))):
         np.testing.assert_array_equal(a, b)  # the checkpoint export == the run's own final export
+
+
+def test_render_trajectory_marks_policy_and_masked_tokens(tok):
+    from jaxrl_agent.pipelines import render_trajectory
+
+    prompt, reply, obs = tok.encode("<|im_start|>user\nfix it"), tok.encode("<tool_call>"), tok.encode("ok")
+    ep = Episode(prompt + reply + obs, [0] * len(prompt) + [1] * len(reply) + [0] * len(obs),
+                 [0.0] * (len(prompt) + len(reply) + len(obs)), [0] * (len(prompt) + len(reply) + len(obs)))
+    text = render_trajectory(ep, tok)
+    styled = {(text.plain[s.start:s.end], str(s.style)) for s in text.spans}
+    assert ("<tool_call>", "bold green") in styled and ("ok", "dim") in styled
+    assert text.plain == tok.decode(ep.ids)
