@@ -205,7 +205,8 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
 
     model, tok = load_policy(cfg.policy.path)
     chat = ChatFormat(tok, tool_style="short")
-    engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids)))
+    engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids),
+                                           cache_size=cfg.rollout.max_total_tokens))
     with Sandbox(num_workers=2) as sandbox:
         summary, _ = evaluate(eval_tasks_for(cfg.eval), engine, chat, sandbox, cfg.rollout, cfg.tools, cfg.eval.samples,
                               seed=cfg.eval.seed, show_progress=show_progress)
@@ -225,10 +226,8 @@ def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.rl import train_rl
 
     model, tok = load_policy(cfg.policy.path)
-    # The trajectory buckets must hold a whole episode; the row multiple follows the mesh.
-    traj = replace(cfg.traj, buckets=tuple(b for b in cfg.traj.buckets if b >= 64) or (cfg.rollout.max_total_tokens,))
     return train_rl(model, tok, rl=cfg.rl, rollout=cfg.rollout, sampling=cfg.sampling, train=cfg.train,
-                    optim=cfg.optim, tools=cfg.tools, traj=traj, show_progress=show_progress, resume=cfg.resume)
+                    optim=cfg.optim, tools=cfg.tools, traj=cfg.traj, show_progress=show_progress, resume=cfg.resume)
 
 
 def jsonable_config(cfg) -> dict:

@@ -107,7 +107,11 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
         raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
     chat = ChatFormat(tokenizer, tool_style=tool_style)
-    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed)
+    # The engine's cache is the episode's token budget (see rollout.collect_episodes).
+    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed,
+                       cache_size=rollout.max_total_tokens)
+    if max(traj.buckets) < rollout.max_total_tokens:
+        traj = replace(traj, buckets=(*traj.buckets, rollout.max_total_tokens))
     train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
     eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
     ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)

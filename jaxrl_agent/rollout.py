@@ -102,8 +102,10 @@ def collect_episodes(
       (episodes in task order, G per task, with `info` holding task id, behaviour and
       verifier details; stats).
     """
-    if engine.config.cache_size < cfg.max_total_tokens:
-        raise ValueError(f"engine cache_size={engine.config.cache_size} < rollout max_total_tokens={cfg.max_total_tokens}")
+    if engine.config.cache_size != cfg.max_total_tokens:
+        # The cache is the token budget: a row stops sampling exactly where the episode must end.
+        raise ValueError(f"engine cache_size={engine.config.cache_size} must equal rollout "
+                         f"max_total_tokens={cfg.max_total_tokens}")
     if engine.config.max_new_tokens < cfg.max_tokens_per_turn:
         raise ValueError(f"engine max_new_tokens={engine.config.max_new_tokens} < max_tokens_per_turn={cfg.max_tokens_per_turn}")
     G = cfg.group_size
@@ -158,8 +160,15 @@ def collect_episodes(
         info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
                 "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
                 "behaviour": episode_behaviour(ep.session.history, termination, reward)}
-        results[ep.key] = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
-                                               termination=termination, info=info)
+        episode = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
+                                       termination=termination, info=info)
+        if len(episode) > cfg.max_total_tokens:
+            # Only a last observation can stick out (it was rendered, then found not to fit):
+            # its tokens are loss-masked, so the cut changes nothing the update sees.
+            n = cfg.max_total_tokens
+            episode.ids, episode.loss_mask = episode.ids[:n], episode.loss_mask[:n]
+            episode.sampler_logp, episode.turn_id = episode.sampler_logp[:n], episode.turn_id[:n]
+        results[ep.key] = episode
         stats.terminations[termination] = stats.terminations.get(termination, 0) + 1
         if progress is not None:
             progress(len(results), len(tasks) * G)
