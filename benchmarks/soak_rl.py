@@ -57,25 +57,32 @@ def main() -> None:
         if it % 20 == 0:
             print(f"iter {it:4d}  rss {samples[-1][1]:8.1f} MB  fds {samples[-1][2]:4d}  success {samples[-1][3]:.2f}"
                   f"  ({time.perf_counter() - t0:.0f}s)")
+            write(summarize())  # a run stopped early still leaves its figures
+
+    def summarize() -> dict:
+        its, rss, fds, _ = map(np.array, zip(*samples))
+        half = len(its) // 2
+        slope = lambda y: float(np.polyfit(its[half:], y[half:], 1)[0])  # noqa: E731 - per iteration
+        return {
+            "iterations": int(its[-1]), "seconds": time.perf_counter() - t0,
+            "rss_mb_first": float(rss[0]), "rss_mb_last": float(rss[-1]), "rss_mb_max": float(rss.max()),
+            "rss_mb_per_iteration_second_half": slope(rss),
+            "fds_first": int(fds[0]), "fds_last": int(fds[-1]), "fds_max": int(fds.max()),
+            "fds_per_iteration_second_half": slope(fds.astype(float)),
+        }
+
+    def write(result: dict) -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
     with tempfile.TemporaryDirectory() as d:
         cfg = rl_config(Path(d), iterations=args.iterations, tasks_per_iter=2, checkpoint_every=50)
         train_rl(model, tok, rl=cfg, rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(),
                  optim=OptimConfig(learning_rate=3e-4), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
                  eval_tasks=TASKS[:1], show_progress=False, on_iteration=record)
-    its, rss, fds, _ = map(np.array, zip(*samples))
-    half = len(its) // 2
-    slope = lambda y: float(np.polyfit(its[half:], y[half:], 1)[0])  # noqa: E731 - per iteration
-    result = {
-        "iterations": int(its[-1]), "seconds": time.perf_counter() - t0,
-        "rss_mb_first": float(rss[0]), "rss_mb_last": float(rss[-1]), "rss_mb_max": float(rss.max()),
-        "rss_mb_per_iteration_second_half": slope(rss),
-        "fds_first": int(fds[0]), "fds_last": int(fds[-1]), "fds_max": int(fds.max()),
-        "fds_per_iteration_second_half": slope(fds.astype(float)),
-    }
+    result = summarize()
     print(json.dumps(result, indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write(result)
 
 
 if __name__ == "__main__":
