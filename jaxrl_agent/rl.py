@@ -108,8 +108,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
     chat = ChatFormat(tokenizer, tool_style=tool_style)
     # The engine's cache is the episode's token budget (see rollout.collect_episodes).
-    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed,
-                       cache_size=rollout.max_total_tokens)
+    cache = rollout.max_total_tokens
+    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed, cache_size=cache,
+                       prefill_buckets=tuple(b for b in sampling.prefill_buckets if b <= cache) or (cache,))
     if max(traj.buckets) < rollout.max_total_tokens:
         traj = replace(traj, buckets=(*traj.buckets, rollout.max_total_tokens))
     train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
@@ -126,9 +127,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     state = ts.init_state(model, seed=rl.seed)
     start = 0
     if resume and ckpt.latest_step() is not None:
+        start = ckpt.latest_step()  # checkpoints are numbered by iteration (an iteration may skip its update)
         state, meta = ckpt.restore(ts.abstract_state())
         data.restore(meta["data_position"])
-        start = int(jax.device_get(state.step))
     engine = SamplingEngine(policy_for_engine(ts, state), sampling)
     log = MetricsLogger(rl.run_dir)
     timer = Timer()
@@ -138,6 +139,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
             ckpt.save(it, state, data_position=data.position(), config=train, extra={"rl": rl, "optim": optim})
 
+    last_done = start
     with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
         try:
             # ---- before training: is RL worth running? ----
@@ -196,13 +198,15 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                           + (f"  held-out pass@1 {metrics['eval']['pass1']:.3f}" if "eval" in metrics else ""))
                 if ckpt.should_save(it):
                     save(it)
+                last_done = it
             result["after"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
                                        seed=rl.seed + 11, show_progress=show_progress, description="eval after")[0]
             log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
             save(rl.iterations)
             export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"))
         except KeyboardInterrupt:
-            save(int(jax.device_get(state.step)))
+            if last_done > 0:  # the state as it is, under the last completed iteration's number
+                save(last_done)
             print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
             result["interrupted"] = True
         finally:
