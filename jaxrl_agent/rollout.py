@@ -155,8 +155,8 @@ def collect_episodes(
     def close(ep: _Live, verdict) -> None:
         reward, vinfo = verdict
         termination = ep.termination
-        if vinfo.get("reason") == "verifier_crash":
-            termination = "sandbox_error"
+        if vinfo.get("reason") in ("verifier_crash", "sandbox_error"):
+            termination = "sandbox_error"  # the outcome is unknown: not the policy's to learn from
         info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
                 "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
                 "behaviour": episode_behaviour(ep.session.history, termination, reward)}

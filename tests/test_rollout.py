@@ -167,3 +167,31 @@ def test_trainable_drops_zero_variance_groups(random_policy_run):
 def test_engine_too_small_is_a_clear_error(engine, chat, sandbox):
     with pytest.raises(ValueError, match="cache_size"):
         R.collect_episodes([binary_search_task()], engine, chat, sandbox, replace(RC, max_total_tokens=4096))
+
+
+def test_sandbox_worker_death_costs_the_episode_not_the_run(tok, chat, sandbox):
+    """A worker killed mid-rollout: the episode whose call (a test run or its verification) met
+    it ends "sandbox_error" and is excluded from the update; the other one finishes normally."""
+    import os
+    import signal
+
+    class KillOnce:  # the first sandbox call kills one worker: exactly one call will meet it
+        def __init__(self, sb):
+            self.sb, self.killed = sb, False
+
+        def run(self, *a, **k):
+            if not self.killed:
+                self.killed = True
+                os.kill(self.sb.worker_pids()[0], signal.SIGKILL)
+            return self.sb.run(*a, **k)
+
+    task = binary_search_task()
+    script = [format_tool_call("run_tests", {}), format_tool_call("submit", {})]
+    eps, stats = R.collect_episodes([task], ScriptedEngine(tok, script, batch_size=1), chat, KillOnce(sandbox),
+                                    replace(RC, group_size=2, max_total_tokens=4096, max_tokens_per_turn=256))
+    assert sorted(e.termination for e in eps) == ["sandbox_error", "submitted"]
+    kept, dropped = R.trainable(eps, RC)
+    assert [e.termination for e in kept] == ["submitted"] and dropped["termination"] == 1
+    # the pool replaced its workers: the next call works
+    assert R.collect_episodes([task], ScriptedEngine(tok, script[1:]), chat, sandbox,
+                              replace(RC, group_size=1, max_total_tokens=4096, max_tokens_per_turn=256))[0][0].termination == "submitted"
