@@ -15,8 +15,6 @@ import dataclasses
 import os
 from typing import Any
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl_agent import hf
@@ -125,7 +123,4 @@ def export_hf(train_step, state, model_config, path: str) -> None:
     Args: train_step: the `TrainStep` the state belongs to; state: its `TrainState`;
       model_config: the `ModelConfig`; path: output directory (`transformers` loads it).
     """
-    # Replicated on every device, so each process (multi-host too) reads a whole local copy.
-    params = jax.jit(train_step.policy_params, out_shardings=train_step.replicated)(state)
-    host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
-    hf.save_pretrained(train_step.to_model(host), model_config, path)
+    hf.save_pretrained(train_step.to_model(train_step.host_policy_params(state)), model_config, path)

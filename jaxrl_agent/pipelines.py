@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from flax import nnx
 
@@ -228,10 +228,6 @@ def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
     model, tok = load_policy(cfg.policy.path)
     return train_rl(model, tok, rl=cfg.rl, rollout=cfg.rollout, sampling=cfg.sampling, train=cfg.train,
                     optim=cfg.optim, tools=cfg.tools, traj=cfg.traj, show_progress=show_progress, resume=cfg.resume)
-
-
-def jsonable_config(cfg) -> dict:
-    return json.loads(json.dumps(asdict(cfg), default=str))
 
 
 

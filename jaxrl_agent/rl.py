@@ -62,9 +62,7 @@ def policy_for_engine(ts, state):
 
     The arrays are uncommitted, so the same model can also seed a new TrainStep on any mesh.
     """
-    params = jax.jit(ts.policy_params, out_shardings=ts.replicated)(state)
-    host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
-    return ts.to_model(jax.tree.map(jnp.asarray, host))
+    return ts.to_model(jax.tree.map(jnp.asarray, ts.host_policy_params(state)))
 
 
 def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:

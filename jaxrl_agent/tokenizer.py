@@ -29,6 +29,8 @@ from typing import Sequence
 
 from transformers import AutoTokenizer
 
+from jaxrl_agent.env.tool_calls import format_tool_call  # noqa: F401 - one call format, re-exported
+
 DEFAULT_TOKENIZER_DIR = os.path.join(os.path.dirname(__file__), "assets", "tokenizer")
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -134,12 +136,6 @@ def load_tokenizer(path: str | None = None) -> Tokenizer:
 
 
 # ---- chat format ---------------------------------------------------------------------------
-
-
-def format_tool_call(name: str, arguments: dict) -> str:
-    """The Hermes / Qwen2.5 tool-call text: `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`."""
-    args = json.dumps(arguments, ensure_ascii=False)
-    return f'{TOOL_CALL}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{TOOL_CALL_END}'
 
 
 def short_tool_prompt(tools: Sequence[dict]) -> str:

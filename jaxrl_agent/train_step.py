@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
@@ -173,6 +174,7 @@ class TrainStep:
             frozen=self.param_shardings if self.lora else None,
             ref=self.param_shardings if (cfg.use_ref and not self.lora) else None)
         self.batch_sharding = sh.batch_sharding(self.mesh)
+        self._gather_policy = None
         self.replicated = repl
         in_sh = (self.state_shardings, self.batch_sharding)
         self._xla = dict(cfg.compiler_options) or None
@@ -217,6 +219,13 @@ class TrainStep:
     def policy_params(self, state: TrainState) -> dict:
         """The full parameter dict of the current policy (LoRA merged into the base)."""
         return self._policy(state.params, state.frozen)
+
+    def host_policy_params(self, state: TrainState) -> dict:
+        """`policy_params(state)` as NumPy arrays on the host (gathered replicated, so every
+        process of a multi-host job reads a whole local copy): for export and the sampler."""
+        if self._gather_policy is None:  # compiled once, reused every RL iteration
+            self._gather_policy = jax.jit(self.policy_params, out_shardings=self.replicated)
+        return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), self._gather_policy(state))
 
     def to_model(self, params: dict) -> CausalLM:
         """An NNX model holding `params` (a full param dict, e.g. `policy_params(state)`)."""

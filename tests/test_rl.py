@@ -88,8 +88,9 @@ def test_grpo_learns_the_rewarded_call(sft_model, tok, tmp_path):
     assert np.mean(succ[-3:]) > np.mean(succ[:2]) + 0.2, succ
     assert res["after"]["pass1"] > res["before"]["pass1"] + 0.2
     # metrics reached JSONL, and the final policy was exported
-    lines = [json.loads(x) for x in open(os.path.join(res["train_step"] and rl_config(tmp_path).run_dir, "metrics.jsonl"))]
-    assert any("train/loss" in x for x in lines) and os.path.exists(os.path.join(rl_config(tmp_path).run_dir, "policy"))
+    run_dir = rl_config(tmp_path).run_dir
+    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert any("train/loss" in x for x in lines) and os.path.exists(os.path.join(run_dir, "policy"))
 
 
 @pytest.mark.parametrize("algo", ["dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"])

@@ -241,9 +241,9 @@ def uid_can_read(uid: int, path: str) -> bool:
     return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-def uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is `uid`, from /proc."""
-    found = []
+def _live_processes(field: bytes, value: int) -> list[int]:
+    """Live (non-zombie) pids whose /proc status line `field` starts with `value`."""
+    found, key = [], b"\n" + field + b":"
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -252,26 +252,25 @@ def uid_processes(uid: int) -> list[int]:
                 status = f.read()
         except OSError:  # exited meanwhile
             continue
-        i = status.find(b"\nUid:")
+        i = status.find(key)
         if i < 0 or b"\nState:\tZ" in status:
             continue
-        if int(status[i + 5: status.find(b"\n", i + 1)].split()[0]) == uid:
+        if int(status[i + len(key): status.find(b"\n", i + 1)].split()[0]) == value:
             found.append(int(name))
     return found
 
 
-def kill_uid(uid: int, max_rounds: int = 500) -> bool:
-    """SIGKILL every process whose real uid is `uid`; True once none is left.
+def uid_processes(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is `uid`, from /proc."""
+    return _live_processes(b"Uid", uid)
 
-    The per-worker uid makes this exact: only that worker's untrusted calls run as it, so
-    grandchildren that called setsid() or double-forked are found too. Rounds repeat until a
-    scan of /proc finds none, which wins the race against a fork bomb (a killed process
-    cannot fork again, and RLIMIT_NPROC bounds how many there are). Zombies re-parented to
-    this worker (a child subreaper) are reaped in between.
-    """
+
+def _kill_until_gone(find, max_rounds: int) -> bool:
+    """SIGKILL whatever `find()` lists, in rounds, until a scan finds nothing."""
     for _ in range(max_rounds):
-        pids = uid_processes(uid)
+        pids = find()
         if not pids:
+            reap_zombies()
             return True
         for pid in pids:
             try:
@@ -283,6 +282,18 @@ def kill_uid(uid: int, max_rounds: int = 500) -> bool:
     return False
 
 
+def kill_uid(uid: int, max_rounds: int = 500) -> bool:
+    """SIGKILL every process whose real uid is `uid`; True once none is left.
+
+    The per-worker uid makes this exact: only that worker's untrusted calls run as it, so
+    grandchildren that called setsid() or double-forked are found too. Rounds repeat until a
+    scan of /proc finds none, which wins the race against a fork bomb (a killed process
+    cannot fork again, and RLIMIT_NPROC bounds how many there are). Zombies re-parented to
+    this worker (a child subreaper) are reaped in between.
+    """
+    return _kill_until_gone(lambda: uid_processes(uid), max_rounds)
+
+
 def kill_descendants(max_rounds: int = 500) -> bool:
     """Kill every descendant of this process (used when there is no per-call uid).
 
@@ -290,32 +301,8 @@ def kill_descendants(max_rounds: int = 500) -> bool:
     child or a descendant of one; killing the children re-parents the grandchildren here,
     and rounds repeat until no child is left.
     """
-    me = str(os.getpid()).encode()
-    for _ in range(max_rounds):
-        children = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/status", "rb") as f:
-                    status = f.read()
-            except OSError:
-                continue
-            i = status.find(b"\nPPid:\t")
-            if i >= 0 and status[i + 7: status.find(b"\n", i + 1)] == me \
-                    and b"\nState:\tZ" not in status:
-                children.append(int(name))
-        if not children:
-            reap_zombies()
-            return True
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.001)
-        reap_zombies()
-    return False
+    me = os.getpid()
+    return _kill_until_gone(lambda: _live_processes(b"PPid", me), max_rounds)
 
 
 def reap_zombies() -> None:

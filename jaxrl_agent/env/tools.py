@@ -1,10 +1,7 @@
-"""Agent tools over a per-episode workspace, their schemas, and the tool-call parser (HOST).
+"""Agent tools over a per-episode workspace and the episode session (HOST).
 
-Text format (Qwen2.5 / Hermes): the assistant writes
-    <tool_call>
-    {"name": "read_file", "arguments": {"path": "bsearch.py"}}
-    </tool_call>
-and the harness answers with the tool's result text (wrapped in <tool_response> by the
+The call format, schemas and parser live in `tool_calls.py` (re-exported here). The
+harness answers a parsed call with the tool's result text (wrapped in <tool_response> by the
 chat layer, not here). One call per assistant message. Results are short, deterministic
 plain text: tiny models are trained on them.
 
@@ -16,54 +13,14 @@ which ends the episode with termination "parse_error_limit".
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
 
-# ---- schemas ----
-
-TOOL_SCHEMAS: list[dict] = [
-    {"type": "function", "function": {
-        "name": "list_files", "description": "List the files in the repository.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}},
-    {"type": "function", "function": {
-        "name": "read_file",
-        "description": "Show a file with line numbers (optionally only lines start..end).",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "File path, relative to the repository."},
-            "start_line": {"type": "integer", "description": "First line to show (1-based)."},
-            "end_line": {"type": "integer", "description": "Last line to show (inclusive)."}},
-            "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "str_replace",
-        "description": "Replace the text `old` (which must occur exactly once) with `new`.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "File path, relative to the repository."},
-            "old": {"type": "string", "description": "Exact text to replace (unique)."},
-            "new": {"type": "string", "description": "Replacement text."}},
-            "required": ["path", "old", "new"]}}},
-    {"type": "function", "function": {
-        "name": "run_tests",
-        "description": "Run the repository's tests; shows a summary and the first failure.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}},
-    {"type": "function", "function": {
-        "name": "submit", "description": "Submit the current code and end the episode.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}},
-]
-
-# One line per tool, for the short system prompt of tiny models (DESIGN §7).
-TOOL_DESCRIPTIONS = "\n".join([
-    "list_files() - list the files",
-    "read_file(path, start_line?, end_line?) - show numbered lines",
-    "str_replace(path, old, new) - replace the unique text old with new",
-    "run_tests() - run the tests",
-    "submit() - finish",
-])
-
-_SPECS = {s["function"]["name"]: s["function"]["parameters"] for s in TOOL_SCHEMAS}
-_PY_TYPES = {"string": str, "integer": int}
+# Re-exported: callers import the whole tool API from here.
+from jaxrl_agent.env.tool_calls import (TOOL_DESCRIPTIONS, TOOL_SCHEMAS, ParseError, ToolCall,  # noqa: F401
+                                        format_tool_call, parse_tool_call)
 
 
 @dataclass(frozen=True)
@@ -82,100 +39,6 @@ class ToolConfig:
     """Per-test limit of `run_tests` (a looping test fails alone, quickly)."""
     run_timeout_s: float = 10.0
     """Wall limit of one `run_tests` call."""
-
-
-# ---- parsing ----
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: dict
-
-
-@dataclass(frozen=True)
-class ParseError:
-    """An interface error; `message` is what the model sees."""
-
-    kind: str
-    """no_call | multiple_calls | malformed_json | bad_structure | unknown_tool |
-    bad_arguments | oversized"""
-    message: str
-
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-def format_tool_call(name: str, arguments: dict | None = None) -> str:
-    """The exact text of one call, as Qwen2.5's chat template renders it."""
-    body = json.dumps({"name": name, "arguments": arguments or {}}, ensure_ascii=False)
-    return f"{OPEN}\n{body}\n{CLOSE}"
-
-
-def parse_tool_call(text, max_arg_chars: int = 4000) -> ToolCall | ParseError:
-    """Extract and validate the single tool call in `text`; never raises."""
-    try:
-        return _parse(text, max_arg_chars)
-    except Exception as e:  # noqa: BLE001 - defensive: the parser must never crash a rollout
-        return ParseError("malformed_json", f"Error: could not parse the tool call ({type(e).__name__}).")
-
-
-def _parse(text, max_arg_chars: int) -> ToolCall | ParseError:
-    if not isinstance(text, str):
-        return ParseError("no_call", "Error: expected text containing a tool call.")
-    n_open = text.count(OPEN)
-    if n_open == 0:
-        return ParseError("no_call", f"Error: no tool call found. Write {OPEN}"
-                          '{"name": ..., "arguments": {...}}' f"{CLOSE}.")
-    if n_open > 1:
-        return ParseError("multiple_calls", "Error: write exactly one tool call per message.")
-    body = text.split(OPEN, 1)[1]
-    if CLOSE in body:
-        body = body.split(CLOSE, 1)[0]
-    body = body.strip()
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = getattr(e, "msg", "too deeply nested")
-        return ParseError("malformed_json", f"Error: the tool call is not valid JSON ({msg}).")
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return ParseError("bad_structure", 'Error: a tool call is {"name": <tool name>, '
-                          '"arguments": {...}}.')
-    extra = set(obj) - {"name", "arguments"}
-    if extra:
-        return ParseError("bad_structure", f"Error: unexpected key(s) {sorted(extra)} in the "
-                          'tool call; use only "name" and "arguments".')
-    name, args = obj["name"], obj.get("arguments", {})
-    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except (json.JSONDecodeError, RecursionError):
-            return ParseError("malformed_json", "Error: the arguments are not valid JSON.")
-    if not isinstance(args, dict):
-        return ParseError("bad_structure", "Error: arguments must be a JSON object.")
-    if name not in _SPECS:
-        return ParseError("unknown_tool", f"Error: unknown tool {name[:60]!r}. Tools: "
-                          + ", ".join(_SPECS) + ".")
-    spec = _SPECS[name]
-    props, required = spec["properties"], spec["required"]
-    missing = [a for a in required if a not in args]
-    if missing:
-        return ParseError("bad_arguments", f"Error: {name} is missing argument(s): "
-                          + ", ".join(missing) + ".")
-    unknown = sorted(set(args) - set(props))
-    if unknown:
-        allowed = ", ".join(props) or "none"
-        return ParseError("bad_arguments", f"Error: {name} got unexpected argument(s): "
-                          f"{', '.join(a[:40] for a in unknown)} (allowed: {allowed}).")
-    for a, v in args.items():
-        want = _PY_TYPES[props[a]["type"]]
-        if not isinstance(v, want) or isinstance(v, bool):
-            return ParseError("bad_arguments", f"Error: argument {a} of {name} must be "
-                              f"{'a string' if want is str else 'an integer'}.")
-        if want is str and len(v) > max_arg_chars:
-            return ParseError("oversized", f"Error: argument {a} is too long ({len(v)} > "
-                              f"{max_arg_chars} characters).")
-    return ToolCall(name, dict(args))
 
 
 # ---- workspace helpers ----
