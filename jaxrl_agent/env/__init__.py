@@ -2,7 +2,8 @@
 
 - `tasks`      Task dataclass, the canonical binary-search task, the templated bug-fix
                family (`templates/`), splits, JSONL io
-- `tools`      tool schemas, the Hermes tool-call parser, tools over a workspace, episode limits
+- `tool_calls` tool schemas, the Hermes tool-call text format and its parser
+- `tools`      tools over a workspace and the episode session (limits, terminations)
 - `sandbox`    process-isolated execution of untrusted code (pool of workers; `jail`,
                `sandbox_worker` and `pytest_plugin` are its internals)
 - `verifier`   independent judge of a final workspace -> reward
