@@ -91,6 +91,24 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float)
     }
 
 
+def bugs_fixed(task, files: dict[str, str]) -> tuple[int, int]:
+    """(bugs fixed, bugs injected) of `task` judged from the final source `files`.
+
+    A bug (`task.metadata["bugs"]`: the changed lines of its one-bug version) counts as fixed
+    when its buggy lines occur no more often than in the reference and its fixed lines at
+    least as often. Text-level, so a correct fix written differently counts as not fixed; the
+    verifier's reward stays the judge of success, this only explains partial progress.
+    """
+    bugs = task.metadata.get("bugs") or []
+    path = task.metadata.get("source_file")
+    if not bugs or path not in files or path not in task.reference_files:
+        return 0, len(bugs)
+    final, ref = files[path], task.reference_files[path]
+    fixed = sum(final.count(b["buggy"]) <= ref.count(b["buggy"]) and final.count(b["fixed"]) >= ref.count(b["fixed"])
+                for b in bugs)
+    return fixed, len(bugs)
+
+
 # ---- many episodes ----
 def summarize_episodes(episodes: Sequence, k: int) -> dict:
     """pass@1 / pass@k with Wilson intervals, per template, and behaviour statistics.
@@ -134,6 +152,7 @@ def summarize_episodes(episodes: Sequence, k: int) -> dict:
         "ran_tests_before_submit": sum(b["ran_tests_before_submit"] for b in beh) / n,
         "read_file": sum(b["read_file"] for b in beh) / n,
         "recovered": sum(b["recovered"] for b in beh) / n,
+        **_bug_statistics(beh),
         "interface_errors_per_episode": sum(b["interface_errors"] for b in beh) / n,
         "tool_errors_per_episode": sum(b["tool_errors"] for b in beh) / n,
         "failure_layers": {layer: sum(b["failure_layer"] == layer for b in beh) / n for layer in FAILURE_LAYERS},
@@ -143,3 +162,14 @@ def summarize_episodes(episodes: Sequence, k: int) -> dict:
         terms[e.termination] = terms.get(e.termination, 0) + 1
     summary["terminations"] = terms
     return summary
+
+
+def _bug_statistics(behaviours: Sequence[dict]) -> dict:
+    """Share of episodes that fixed every injected bug / at least one, and of bugs fixed,
+    over the episodes whose behaviour carries `bugs_fixed` (rollouts add it)."""
+    known = [b for b in behaviours if b.get("bugs_total")]
+    if not known:
+        return {}
+    return {"fixed_all_bugs": sum(b["bugs_fixed"] == b["bugs_total"] for b in known) / len(known),
+            "fixed_some_bug": sum(b["bugs_fixed"] > 0 for b in known) / len(known),
+            "bugs_fixed_share": sum(b["bugs_fixed"] for b in known) / sum(b["bugs_total"] for b in known)}

@@ -11,6 +11,10 @@ batching: a finished row is refilled with the next pending episode at once). Per
       -> verify(task, workspace) in a thread  independent judge -> reward (only a submitted
                                               episode can earn it; the others score 0)
 
+Episodes come back with the verifier's reward and, in `info["turn_outcomes"]`, one label per
+turn (ok / interface_error / tool_error / repeated_test) for optional per-turn shaping
+(rewards.py); what the update trains on is composed later (rl.py, rewards.RewardComposer).
+
 Tool calls and verifications run in a thread pool, so while some rows wait on the sandbox
 the engine keeps decoding the others. A crash in a tool or the verifier costs that episode
 (termination "sandbox_error", dropped from the update by `RolloutConfig.drop_terminations`),
@@ -33,7 +37,8 @@ from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import (TOOL_SCHEMAS, StepResult, ToolConfig, Tools, ToolSession,
                                    create_workspaces)
 from jaxrl_agent.env.verifier import verify
-from jaxrl_agent.evaluation import episode_behaviour
+from jaxrl_agent.evaluation import bugs_fixed, episode_behaviour
+from jaxrl_agent.rewards import turn_outcomes
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
@@ -159,7 +164,9 @@ def collect_episodes(
             termination = "sandbox_error"  # the outcome is unknown: not the policy's to learn from
         info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
                 "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
-                "behaviour": episode_behaviour(ep.session.history, termination, reward)}
+                "behaviour": episode_behaviour(ep.session.history, termination, reward),
+                "turn_outcomes": turn_outcomes(ep.session.history)}  # per-turn shaping reads these
+        info["behaviour"]["bugs_fixed"], info["behaviour"]["bugs_total"] = bugs_fixed(ep.task, _final_sources(ep))
         episode = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
                                        termination=termination, info=info)
         if len(episode) > cfg.max_total_tokens:
@@ -239,6 +246,18 @@ def _safe_step(session: ToolSession, text: str):
     except Exception as e:  # noqa: BLE001 - a broken tool must not kill the run
         session.termination = "sandbox_error"
         return StepResult(f"Error: tool crashed ({type(e).__name__})", True, "sandbox_error", None, None, False)
+
+
+def _final_sources(ep: _Live) -> dict[str, str]:
+    """The task's source files as the episode left them (unreadable ones are skipped)."""
+    out = {}
+    for rel in ep.task.files:
+        try:
+            with open(os.path.join(ep.workspace, rel), encoding="utf-8") as f:
+                out[rel] = f.read()
+        except (OSError, UnicodeDecodeError):
+            pass
+    return out
 
 
 def _safe_verify(task: Task, workspace: str, sandbox) -> tuple[float, dict]:

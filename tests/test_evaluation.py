@@ -79,3 +79,19 @@ def test_summary_counts_per_template():
     assert s["per_template"]["x"]["pass1"] == 0.5 and s["per_template"]["y"]["pass1"] == 0.0
     assert s["behaviour"]["failure_layers"]["sequential"] == 0.75
     assert math.isclose(s["behaviour"]["ran_tests_before_submit"], 0.25)
+
+
+def test_bugs_fixed_counts_each_injected_bug_from_the_final_source():
+    from jaxrl_agent.env.tasks import binary_search_task
+    from jaxrl_agent.evaluation import bugs_fixed
+
+    task = binary_search_task()
+    path = task.metadata["source_file"]
+    buggy = task.files[path]
+    assert bugs_fixed(task, {path: buggy}) == (0, 2)
+    one = buggy.replace("low = mid\n", "low = mid + 1\n")
+    assert bugs_fixed(task, {path: one}) == (1, 2)
+    assert bugs_fixed(task, {path: task.reference_files[path]}) == (2, 2)
+    # a different (wrong) edit of the line is not a fix; a missing file fixes nothing
+    assert bugs_fixed(task, {path: buggy.replace("low = mid\n", "low = mid + 2\n")}) == (0, 2)
+    assert bugs_fixed(task, {}) == (0, 2)
