@@ -7,6 +7,11 @@ Commands:
   train    RL from an HF policy directory (rl.py), with checkpoints and --resume=true.
   eval     pass@1 / pass@k (Wilson 95% intervals) and behaviour statistics -> JSON.
   export   The latest checkpoint of an RL run -> an HF directory.
+  rm-train Preference pairs of episodes (a JSONL, or collected from a policy's rollouts:
+           two episodes of one task whose verifier rewards differ) -> a Bradley-Terry
+           reward model (the policy's decoder with a scalar head) -> HF directory, with
+           its held-out pair accuracy (reward_model.py). RL uses it with
+           `train --rewards.source=sum --rewards.reward_model_path=DIR`.
   bandit   A multi-step tool-choice bandit trained with any registered loss (default GRPO):
            a tabular softmax policy picks a tool at each of `steps` decisions, observation
            tokens (loss_mask 0) sit between the decisions, and the reward is 1 only when
@@ -134,6 +139,12 @@ def _config(name: str):
     return getattr(pipelines, name)
 
 
+def _rm(name: str):
+    from jaxrl_agent import reward_model
+
+    return getattr(reward_model, name)
+
+
 COMMANDS = {
     "bandit": (lambda: BanditRunConfig, cmd_bandit),
     "demo": (lambda: _config("DemoRunConfig"), _pipeline("demo")),
@@ -141,6 +152,7 @@ COMMANDS = {
     "train": (lambda: _config("TrainRunConfig"), _pipeline("train")),
     "eval": (lambda: _config("EvalRunConfig"), _pipeline("eval")),
     "export": (lambda: _config("ExportRunConfig"), _pipeline("export")),
+    "rm-train": (lambda: _rm("RMTrainRunConfig"), lambda cfg: _rm("run_rm_train_job")(cfg)),
 }
 
 
@@ -155,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
+    from jaxrl_agent.reward_model import PreferenceDataError
     from jaxrl_agent.rl import NoSignalError
     from jaxrl_agent.sharding import initialize_distributed
 
     initialize_distributed()  # multi-host only when the launcher's environment asks for it
     try:
         fn(cfg)
-    except (FileNotFoundError, NoSignalError) as e:  # a user's input problem: say it, no traceback
+    except (FileNotFoundError, NoSignalError, PreferenceDataError) as e:  # a user's input problem: no traceback
         parser.exit(2, f"error: {e}\n")
     return 0

@@ -54,6 +54,10 @@ class LossConfig:
     """DPO variant: "sigmoid" (DPO) or "ipo"."""
     dpo_label_smoothing: float = 0.0
     """Conservative DPO label smoothing epsilon (sigmoid kind only)."""
+    rm_margin: float = 0.0
+    """Bradley-Terry reward model: the chosen score must beat the rejected one by this margin."""
+    rm_label_smoothing: float = 0.0
+    """Bradley-Terry label smoothing epsilon: the weight given to the pair being mislabelled."""
 
 
 @dataclass(frozen=True)
@@ -267,3 +271,40 @@ class RLConfig:
     """Checkpoint every this many iterations (and at the end / on Ctrl-C)."""
     sandbox_workers: int = 2
     """Sandbox worker processes for run_tests and the verifier."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """What the RL loop trains on (`rewards.RewardComposer`): the verifier's outcome, a frozen
+    reward model's score, or a weighted sum, plus optional per-turn shaped rewards. The
+    defaults are the verifier alone with no shaping (the loop's behaviour without this config)."""
+
+    source: str = "verifier"
+    """"verifier" (the 0/1 outcome), "reward_model" (the reward model's score alone) or
+    "sum" (verifier_weight * verifier + reward_model_weight * reward model)."""
+    reward_model_path: str = ""
+    """HF directory of a reward model (`python -m jaxrl_agent rm-train`); needed unless source
+    is "verifier"."""
+    verifier_weight: float = 1.0
+    """Weight of the verifier's reward in "sum"."""
+    reward_model_weight: float = 1.0
+    """Weight of the reward model's (normalised, clipped) score in "sum" and "reward_model"."""
+    normalize: bool = False
+    """Standardise the reward model's score with the running mean / std of every score seen
+    so far in the run (checkpointed with it)."""
+    clip: float | None = None
+    """Clip the (normalised) reward model score to [-clip, clip] (None: no clipping)."""
+    interface_error_penalty: float = 0.0
+    """Per-turn shaped reward (use a negative value) on a turn whose call never reached a tool
+    (malformed call, unknown tool, bad arguments); placed on that turn's last policy token."""
+    tool_error_penalty: float = 0.0
+    """Per-turn shaped reward on a turn whose tool call was legal but failed (missing file,
+    `old` text not found or not unique)."""
+    repeated_test_penalty: float = 0.0
+    """Per-turn shaped reward on a `run_tests` call with no successful edit since the previous
+    test run: its result cannot differ, so it cannot change the outcome."""
+    pairs_out: str = ""
+    """Append the preference pairs each iteration's rollouts yield (two episodes of one task
+    whose verifier rewards differ) to this JSONL file, the input of `rm-train` ("" = off)."""
+    score_batch_size: int = 16
+    """Episodes per reward-model scoring call (the rows of its one compiled shape per bucket)."""

@@ -7,6 +7,9 @@ Each entry composes kernels from losses.py and advantages.py. Advantages come fr
 batch (group advantages from `reward` / `group_id`, GAE from `token_rewards` / `old_values`),
 always under `stop_gradient`. `old_logp` falls back to `sampler_logp` (fully on-policy data).
 
+`REWARD_MODEL_LOSSES` holds the LossFns that train a reward model's scalar head
+(Bradley-Terry) through the same train step.
+
 `ALGORITHM_DEFAULTS` holds the LossConfig each algorithm is usually run with; passing another
 config (or another function) is how a user swaps things.
 """
@@ -182,6 +185,35 @@ def dpo_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     return loss, {**metrics, "loss": loss}
 
 
+def reward_scores(out: PolicyOutputs, batch: TrainBatch) -> jax.Array:
+    """A reward model's score of every row: its scalar head at the row's last policy token.
+
+    `out.values[:, t]` is read from position t - 1 (model.policy_outputs), so the head at the
+    last policy token `l` is `values[:, l + 1]`; `reward_model.pair_batch` appends one slot
+    after every episode so that index exists. f32 [B]."""
+    if out.values is None:
+        raise ValueError("a reward model needs a scalar head: build it with ModelConfig(value_head=True) "
+                         "(reward_model.with_scalar_head)")
+    t = out.values.shape[1]
+    idx = jnp.minimum(L.last_token_index(batch.loss_mask) + 1, t - 1)
+    return jnp.take_along_axis(out.values, idx[:, None], axis=1)[:, 0]
+
+
+def bradley_terry_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
+    """Reward model: Bradley-Terry loss on rows 2i (chosen) / 2i+1 (rejected) as
+    `reward_model.pair_batch` lays them out; scores from `reward_scores`. Pairs with a side
+    holding no policy token (padding pairs) are weighted out."""
+    B = batch.loss_mask.shape[0]
+    if B % 2:
+        raise ValueError(f"bradley_terry needs an even batch of (chosen, rejected) rows, got B={B}")
+    score = reward_scores(out, batch)
+    has = batch.loss_mask.sum(axis=1) > 0
+    w = (has[0::2] & has[1::2]).astype(score.dtype)
+    loss, metrics = L.bradley_terry_loss(score[0::2], score[1::2], margin=cfg.rm_margin,
+                                         label_smoothing=cfg.rm_label_smoothing, weights=w)
+    return loss, {**metrics, "loss": loss}
+
+
 LOSSES: dict[str, LossFn] = {
     "ppo": ppo_loss,
     "grpo": grpo_loss,
@@ -195,6 +227,13 @@ LOSSES: dict[str, LossFn] = {
     "dpo": dpo_loss_fn,
 }
 
+# Losses that train a scorer (a reward model's scalar head), not a policy: the same LossFn
+# signature and the same train step, kept out of LOSSES because they read `values`, not
+# `logp`, and LOSSES is what the RL / SFT code and tests iterate as "trains a policy".
+REWARD_MODEL_LOSSES: dict[str, LossFn] = {
+    "bradley_terry": bradley_terry_loss_fn,
+}
+
 ALGORITHM_DEFAULTS: dict[str, LossConfig] = {
     "ppo": LossConfig(agg="token-mean", kl_coef=0.0, gamma=1.0, lam=0.95),
     "grpo": LossConfig(agg="seq-mean-token-mean", kl_coef=0.001, kl_kind="k3"),
@@ -206,4 +245,5 @@ ALGORITHM_DEFAULTS: dict[str, LossConfig] = {
     "reinforce_pp": LossConfig(agg="token-mean", kl_coef=0.001, kl_kind="k1", gamma=1.0),
     "sft": LossConfig(agg="token-mean"),
     "dpo": LossConfig(dpo_beta=0.1, dpo_kind="sigmoid"),
+    "bradley_terry": LossConfig(rm_margin=0.0, rm_label_smoothing=0.0),
 }

@@ -7,6 +7,10 @@ mask 0, `turn_id == -1` and a group of its own (padding rows never join a real g
 
 The scalar reward of an episode is placed on its last policy token (`token_rewards`), which
 is where GAE and REINFORCE++ read it; group advantages read `reward` / `group_id` per row.
+Optional per-turn shaped rewards (`Episode.turn_rewards`, turn index -> reward) land on the
+last policy token of their turn and are also added into the row's `reward`, so a row's
+`token_rewards` always sum to its `reward`: GAE and REINFORCE++ credit a shaped reward by
+position, group advantages (GRPO, RLOO) see it only inside the episode's total.
 
 Packing (`TrajectoryConfig.pack`) puts several short episodes in one row: `attention_mask`
 holds segment ids 1, 2, ... (the model attends within a segment only) and `positions` restart
@@ -15,6 +19,7 @@ episode per row because its losses read one reward and one group per row.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -39,6 +44,8 @@ class Episode:
     group_id:     episodes of one prompt share a group (GRPO / RLOO baselines).
     termination:  why the episode ended (one of TERMINATIONS; "" when unknown).
     info:         free-form extras (task id, failures, ...), not sent to the device.
+    turn_rewards: optional shaped rewards, turn index -> reward, placed on the last policy
+                  token of that turn by `collate` (empty: only the outcome reward).
     """
 
     ids: list[int]
@@ -49,6 +56,7 @@ class Episode:
     group_id: int = 0
     termination: str = ""
     info: dict = field(default_factory=dict)
+    turn_rewards: dict = field(default_factory=dict)
 
     @classmethod
     def from_builder(cls, builder, *, reward: float = 0.0, group_id: int = 0, termination: str = "", info=None) -> "Episode":
@@ -73,6 +81,40 @@ class Episode:
             raise ValueError(f"unknown termination {self.termination!r}; expected one of {TERMINATIONS}")
         if not np.isfinite(self.reward):
             raise ValueError(f"reward must be finite, got {self.reward}")
+        for k, r in self.turn_rewards.items():
+            if not isinstance(k, (int, np.integer)) or not math.isfinite(r):
+                raise ValueError(f"turn_rewards must map int turns to finite rewards, got {k!r}: {r!r}")
+
+    # ---- JSON (preference pairs, demonstrations) ----
+    def to_dict(self) -> dict:
+        """A JSON-able dict; `from_dict` reads it back."""
+        return {"ids": list(self.ids), "loss_mask": list(self.loss_mask), "sampler_logp": list(self.sampler_logp),
+                "turn_id": list(self.turn_id), "reward": self.reward, "group_id": self.group_id,
+                "termination": self.termination, "info": self.info,
+                "turn_rewards": {str(k): v for k, v in self.turn_rewards.items()}}
+
+    @classmethod
+    def from_dict(cls, d, where: str = "episode") -> "Episode":
+        """An Episode from a dict: `ids` and `loss_mask` are required; `sampler_logp` (0),
+        `turn_id` (0), `reward`, `group_id`, `termination`, `info`, `turn_rewards` optional.
+        Raises ValueError naming `where` (e.g. "pairs.jsonl:3 chosen") and the field."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: an episode must be a JSON object, got {type(d).__name__}")
+        for key in ("ids", "loss_mask"):
+            if not isinstance(d.get(key), list):
+                raise ValueError(f"{where}: field {key!r} must be a list of integers")
+        n = len(d["ids"])
+        try:
+            ep = cls(ids=[int(i) for i in d["ids"]], loss_mask=[int(m) for m in d["loss_mask"]],
+                     sampler_logp=[float(x) for x in d.get("sampler_logp", [0.0] * n)],
+                     turn_id=[int(x) for x in d.get("turn_id", [0] * n)], reward=float(d.get("reward", 0.0)),
+                     group_id=int(d.get("group_id", 0)), termination=str(d.get("termination", "")),
+                     info=dict(d.get("info", {})),
+                     turn_rewards={int(k): float(v) for k, v in d.get("turn_rewards", {}).items()})
+            ep.validate()
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        return ep
 
 
 @dataclass(frozen=True)
@@ -113,8 +155,8 @@ def _fit(episodes: Sequence[Episode], cfg: TrajectoryConfig) -> tuple[list[Episo
                 raise ValueError(f"episode {i} has {len(ep)} tokens, more than the largest bucket {limit} "
                                  f"(set overflow='truncate' or add a bucket)")
             truncated[i] = f"truncated from {len(ep)} to {limit} tokens (largest bucket)"
-            ep = Episode(ep.ids[:limit], ep.loss_mask[:limit], ep.sampler_logp[:limit], ep.turn_id[:limit],
-                         ep.reward, ep.group_id, ep.termination, {**ep.info, "truncated": truncated[i]})
+            ep = replace(ep, ids=ep.ids[:limit], loss_mask=ep.loss_mask[:limit], sampler_logp=ep.sampler_logp[:limit],
+                         turn_id=ep.turn_id[:limit], info={**ep.info, "truncated": truncated[i]})
         out.append(ep)
     return out, truncated
 
@@ -133,6 +175,20 @@ def _pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
             rows.append([i])
             free.append(capacity - lengths[i])
     return [sorted(r) for r in rows]
+
+
+def _place_turn_rewards(ep: Episode, row: np.ndarray) -> float:
+    """Add each shaped reward onto the last policy token of its turn (in place on `row`, the
+    episode's slice of token_rewards); returns their sum. A turn without a policy token
+    (cut by truncation) has nowhere to go: its reward is dropped, from the row's total too."""
+    mask, turns = np.asarray(ep.loss_mask) > 0, np.asarray(ep.turn_id)
+    placed = 0.0
+    for turn, r in sorted(ep.turn_rewards.items()):
+        idx = np.flatnonzero(mask & (turns == turn))
+        if idx.size:
+            row[idx[-1]] += r
+            placed += r
+    return placed
 
 
 # ---- collate ----
@@ -157,7 +213,7 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
         raise ValueError(f"batch_multiple must be >= 1, got {cfg.batch_multiple}")
     eps, truncated = _fit(episodes, cfg)
     if cfg.pack:
-        if any(ep.reward != 0.0 for ep in eps):
+        if any(ep.reward != 0.0 or ep.turn_rewards for ep in eps):
             raise ValueError("packing is for token-level losses (SFT): RL episodes carry rewards and need one "
                              "episode per row (set TrajectoryConfig.pack=False)")
         rows = _pack_rows([len(ep) for ep in eps], max(cfg.buckets))
@@ -200,8 +256,9 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
             policy = np.flatnonzero(np.asarray(ep.loss_mask))
             if policy.size:  # the outcome lands on the last token the policy chose
                 token_rewards[r, start + policy[-1]] = ep.reward
+            shaped = _place_turn_rewards(ep, token_rewards[r, sl]) if ep.turn_rewards else 0.0
             start += n
-        reward[r] = eps[row[0]].reward
+        reward[r] = eps[row[0]].reward + shaped  # packed rows carry no rewards (checked above)
         group_id[r] = eps[row[0]].group_id
     batch = TrainBatch(tokens=tokens, positions=positions, attention_mask=attention_mask, loss_mask=loss_mask,
                        sampler_logp=sampler_logp, turn_id=turn_id, token_rewards=token_rewards,
