@@ -1,0 +1,73 @@
+"""`python -m experiments.binary_search_rl [--preset=cpu|gpu] [--section.field=value ...]`
+
+Runs the whole study (see README.md here): demonstrations -> SFT (all demos) and SFT
+(successful demos only) -> GRPO from SFT and the shuffled-reward control -> evaluation of the
+four policies on the canonical task, held-out instances and held-out templates -> summary.json,
+plots and rendered trajectories in `results_dir`. Finished stages are reused from `work_dir`
+when their config is unchanged, so an interrupted study continues where it stopped.
+`--ship_demo_policy=true` also copies the SFT policy to jaxrl_agent/assets/demo_policy.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+
+from jaxrl_agent.cli import apply_overrides
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.tokenizer import load_tokenizer
+
+from experiments.binary_search_rl import report, stages
+from experiments.binary_search_rl.config import PRESETS, StudyConfig
+
+
+def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
+    t0 = time.time()
+    done: dict = {}
+    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+        demos, done["demos"] = stages.demonstrations(cfg, sandbox)
+        print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
+              flush=True)
+    demo_stamp = {"demos": dataclasses.asdict(cfg.demos), "seed": cfg.seed}
+    done["sft"] = stages.sft(cfg, "sft", demos, demo_stamp, success_only=False)
+    done["sft_success_only"] = stages.sft(cfg, "sft_success_only", demos, demo_stamp, success_only=True)
+    done["rl"] = stages.rl(cfg, "rl", done["sft"], shuffle_rewards=False)
+    done["control"] = stages.rl(cfg, "control", done["sft"], shuffle_rewards=True)
+    evals = {}
+    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+        for pol in report.POLICIES:
+            evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox)
+    summary = report.build_summary(dataclasses.asdict(cfg), done, evals)
+    summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)
+    written = report.write_all(summary, evals, load_tokenizer(), cfg.results_dir)
+    print(report.results_markdown(summary))
+    print("wrote", ", ".join(written))
+    if ship_demo_policy:
+        from jaxrl_agent.pipelines import DEMO_POLICY_DIR
+
+        shutil.copytree(done["sft"]["policy"], DEMO_POLICY_DIR, dirs_exist_ok=True)
+        print(f"shipped the SFT policy to {DEMO_POLICY_DIR}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m experiments.binary_search_rl",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    parser.add_argument("--ship_demo_policy", default="false", choices=("true", "false"))
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        cfg = apply_overrides(PRESETS[args.preset], overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    print("config:", json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str), flush=True)
+    run_study(cfg, ship_demo_policy=args.ship_demo_policy == "true")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

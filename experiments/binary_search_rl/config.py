@@ -1,0 +1,115 @@
+"""The study's configuration: one frozen dataclass per stage, one docstring per field.
+
+The defaults are the CPU study (2 cores, about 90 minutes). `GPU_PRESET` is the documented
+larger setting for one accelerator; select it with `--preset=gpu`, then override fields with
+`--section.field=value` as in the main CLI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from jaxrl_agent.pipelines import TinyModelConfig
+
+
+@dataclass(frozen=True)
+class DemoStage:
+    """Scripted-expert demonstrations on the train split (one expert style per task)."""
+
+    num_tasks: int = 600
+    """Distinct training tasks demonstrated; many distinct instances is what lets a tiny policy
+    generalise to held-out instances instead of memorising a few."""
+    style_weights: tuple[float, ...] = (0.4, 0.2, 0.2, 0.2)
+    """Sampling weights of the expert styles perfect, skip_tests, first_bug_only,
+    wrong_first_edit (the realistic imperfections the SFT policy inherits)."""
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    """Supervised fine-tuning of a fresh tiny policy (both SFT baselines use this)."""
+
+    steps: int = 600
+    """Optimizer steps."""
+    batch_size: int = 8
+    """Episodes per step."""
+    learning_rate: float = 3e-3
+    """AdamW peak learning rate (cosine decay to 10%, 4% warm-up)."""
+
+
+@dataclass(frozen=True)
+class RLStage:
+    """GRPO from the SFT policy on the train split; the control is the same run with rewards
+    shuffled within each batch."""
+
+    algo: str = "grpo"
+    """Registered loss (jaxrl_agent.losses.LOSSES)."""
+    iterations: int = 30
+    """Rollout-then-update iterations."""
+    tasks_per_iter: int = 8
+    """Training tasks per iteration."""
+    group_size: int = 8
+    """Episodes per task (the GRPO group)."""
+    learning_rate: float = 2e-4
+    """AdamW learning rate (constant)."""
+    num_train_tasks: int = 2000
+    """Training task pool (iterated in a seeded order; disjoint seeds from the held-out splits)."""
+    eval_every: int = 5
+    """Held-out evaluation during the run, for the learning curve (never used to select)."""
+    curve_tasks: int = 24
+    """Held-out instances in each learning-curve evaluation (1 episode each)."""
+    require_signal: bool = True
+    """Refuse to run RL when the SFT policy never solves a training task (no GRPO signal)."""
+
+
+@dataclass(frozen=True)
+class EvalStage:
+    """Final evaluation of every policy; the held-out sets are fixed by their seeds."""
+
+    canonical_samples: int = 200
+    """Episodes on the canonical binary-search task."""
+    heldout_instance_tasks: int = 100
+    """Held-out instances of the training templates."""
+    heldout_template_tasks: int = 48
+    """Instances of the four held-out templates."""
+    samples_per_task: int = 2
+    """Episodes per held-out task (pass@k uses k = this)."""
+    seed: int = 1
+    """Seed of the held-out task sets and of evaluation sampling."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The whole study."""
+
+    demos: DemoStage = field(default_factory=DemoStage)
+    sft: SFTStage = field(default_factory=SFTStage)
+    rl: RLStage = field(default_factory=RLStage)
+    eval: EvalStage = field(default_factory=EvalStage)
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    seed: int = 0
+    """Seed of the training tasks, expert choices, initialisation and sampling."""
+    test_timeout_s: float = 0.5
+    """Per-test limit of run_tests and of the verifier's runs (loop bugs cost this per test)."""
+    work_dir: str = "runs/binary_search_rl"
+    """Large artefacts: demonstrations, checkpoints, policies. Finished stages are reused
+    from here when their config is unchanged (delete the directory to start over)."""
+    results_dir: str = "experiments/binary_search_rl/results"
+    """Small, committed outputs: summary.json, plots, example trajectories."""
+    sandbox_workers: int = 2
+    """Sandbox worker processes (expert test runs, tools, verifier)."""
+
+
+CPU_PRESET = StudyConfig()
+
+GPU_PRESET = replace(
+    StudyConfig(),
+    demos=DemoStage(num_tasks=4000),
+    sft=SFTStage(steps=3000, batch_size=32, learning_rate=2e-3),
+    rl=RLStage(iterations=100, tasks_per_iter=16, group_size=16, num_train_tasks=8000, eval_every=10,
+               curve_tasks=64),
+    eval=EvalStage(canonical_samples=400, heldout_instance_tasks=200, heldout_template_tasks=100, samples_per_task=4),
+    model=TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=768),
+    sandbox_workers=8,
+)
+"""One accelerator and a 16-core host: 4x the model width, 6x the data and SFT samples."""
+
+PRESETS = {"cpu": CPU_PRESET, "gpu": GPU_PRESET}

@@ -1,0 +1,230 @@
+"""The study's stages: demonstrations, SFT, RL (and its shuffled-reward control), evaluation.
+
+Each stage writes its outputs under `<work_dir>/<stage>/` together with `stamp.json` (the
+config that produced it and the stamps of its inputs). `cached(...)` reuses a finished stage
+only when its stamp is unchanged, so an interrupted study resumes where it stopped and a
+changed setting recomputes exactly the stages that depend on it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict
+
+from flax import nnx
+
+from jaxrl_agent.checkpoint import export_hf
+from jaxrl_agent.config import OptimConfig, RLConfig, RolloutConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.demonstrations import collect_demonstrations
+from jaxrl_agent.env.expert import STYLES
+from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
+from jaxrl_agent.env.tools import ToolConfig
+from jaxrl_agent.model import CausalLM
+from jaxrl_agent.offline import run_sft
+from jaxrl_agent.pipelines import agent_sampling, load_policy
+from jaxrl_agent.rl import evaluate, train_rl
+from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+from jaxrl_agent.trajectory import Episode
+
+from experiments.binary_search_rl.config import StudyConfig
+
+SPLITS = ("canonical", "heldout_instances", "heldout_templates")
+
+
+def tools_config(cfg: StudyConfig) -> ToolConfig:
+    return ToolConfig(test_timeout_s=cfg.test_timeout_s)
+
+
+def chat_format() -> ChatFormat:
+    return ChatFormat(load_tokenizer(), tool_style="short")
+
+
+# ---- stage bookkeeping ----
+def stage_dir(cfg: StudyConfig, name: str) -> str:
+    path = os.path.join(cfg.work_dir, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def cached(cfg: StudyConfig, name: str, stamp: dict) -> dict | None:
+    """The saved result of stage `name` if it finished with this exact `stamp`, else None."""
+    path = os.path.join(cfg.work_dir, name, "stamp.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        saved = json.load(f)
+    return saved["result"] if saved.get("stamp") == json.loads(json.dumps(stamp, default=str)) else None
+
+
+def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
+    with open(os.path.join(stage_dir(cfg, name), "stamp.json"), "w") as f:
+        json.dump({"stamp": stamp, "result": result}, f, indent=1, default=str)
+    return result
+
+
+# ---- 1. demonstrations ----
+def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
+    """One expert episode per training task, the style drawn per task from
+    `cfg.demos.style_weights`; saved as JSONL (ids, masks, reward, info)."""
+    d = cfg.demos
+    if len(d.style_weights) != len(STYLES):
+        raise ValueError(f"demos.style_weights needs {len(STYLES)} weights for {STYLES}, got {d.style_weights}")
+    stamp = {"demos": asdict(d), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s}
+    path = os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")
+    done = cached(cfg, "demos", stamp)
+    if done is not None and os.path.exists(path):
+        return _load_episodes(path), done
+    t0 = time.time()
+    tasks = generate_tasks("train", d.num_tasks, cfg.seed)
+    rng = random.Random(cfg.seed)
+    by_style: dict[str, list] = {s: [] for s in STYLES}
+    for t in tasks:
+        by_style[rng.choices(STYLES, weights=d.style_weights)[0]].append(t)
+    episodes = []
+    for style, ts in by_style.items():
+        if ts:
+            episodes += collect_demonstrations(ts, sandbox, chat_format(), (style,), seed=cfg.seed,
+                                               threads=cfg.sandbox_workers, tool_cfg=tools_config(cfg))
+    with open(path, "w") as f:
+        for e in episodes:
+            f.write(json.dumps({"ids": e.ids, "loss_mask": e.loss_mask, "turn_id": e.turn_id, "reward": e.reward,
+                                "termination": e.termination, "info": e.info}) + "\n")
+    n = len(episodes)
+    result = {"episodes": n, "success": sum(e.reward >= 1 for e in episodes) / n,
+              "per_style": {s: {"episodes": len(v), "success": sum(e.reward >= 1 for e in episodes
+                                                                   if e.info["style"] == s) / max(1, len(v))}
+                            for s, v in by_style.items()},
+              "mean_tokens": sum(len(e) for e in episodes) / n,
+              "mean_policy_tokens": sum(sum(e.loss_mask) for e in episodes) / n,
+              "seconds": time.time() - t0}
+    return episodes, finish(cfg, "demos", stamp, result)
+
+
+def _load_episodes(path: str) -> list[Episode]:
+    out = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            out.append(Episode(r["ids"], r["loss_mask"], [0.0] * len(r["ids"]), r["turn_id"], r["reward"],
+                               termination=r["termination"], info=r["info"]))
+    return out
+
+
+# ---- 2. SFT (all demonstrations / successful ones only) ----
+def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, *, success_only: bool) -> dict:
+    """A fresh tiny policy fine-tuned on `episodes` (only reward-1 ones with `success_only`,
+    i.e. rejection-sampling fine-tuning); exported to `<work_dir>/<name>/policy`."""
+    s = cfg.sft
+    stamp = {"sft": asdict(s), "model": asdict(cfg.model), "seed": cfg.seed, "success_only": success_only,
+             "demos": demo_stamp}
+    done = cached(cfg, name, stamp)
+    if done is not None:
+        return done
+    data = [e for e in episodes if e.reward >= 1.0] if success_only else list(episodes)
+    if not data:
+        raise RuntimeError(f"{name}: no demonstrations to train on")
+    t0 = time.time()
+    tok = load_tokenizer()
+    model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(cfg.seed))
+    optim = OptimConfig(learning_rate=s.learning_rate, schedule="cosine", warmup_steps=max(1, s.steps // 25),
+                        total_steps=s.steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
+    traj = TrajectoryConfig(buckets=(512, 640, 768, 896, 1024, 1536, 2048), overflow="truncate")
+    nll = []
+
+    def on_step(step, metrics):
+        nll.append(metrics["loss"])
+        if step % 50 == 0 or step == 1:
+            print(f"[{name}] step {step:4d}/{s.steps}  nll {metrics['loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
+
+    state, _, ts = run_sft(model, data, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj, num_steps=s.steps,
+                           batch_size=min(s.batch_size, len(data)), seed=cfg.seed, on_step=on_step)
+    out = os.path.join(stage_dir(cfg, name), "policy")
+    export_hf(ts, state, model.config, out)
+    return finish(cfg, name, stamp, {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0})
+
+
+# ---- 3. RL and the shuffled-reward control ----
+def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> dict:
+    """GRPO (cfg.rl.algo) from the SFT policy `start`; with `shuffle_rewards` the rewards are
+    permuted across each batch before the update (the control: same compute, no signal)."""
+    r = cfg.rl
+    stamp = {"rl": asdict(r), "seed": cfg.seed, "shuffle": shuffle_rewards, "start": start["policy"],
+             "test_timeout_s": cfg.test_timeout_s}
+    done = cached(cfg, name, stamp)
+    if done is not None:
+        return done
+    t0 = time.time()
+    model, tok = load_policy(start["policy"])
+    run_dir = stage_dir(cfg, name)
+    curve_tasks = generate_tasks("heldout_instances", r.curve_tasks, cfg.eval.seed + 100)
+    res = train_rl(
+        model, tok,
+        rl=RLConfig(algo=r.algo, iterations=r.iterations, tasks_per_iter=r.tasks_per_iter, train_split="train",
+                    num_train_tasks=r.num_train_tasks, eval_samples=1, eval_every=r.eval_every,
+                    shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=cfg.seed,
+                    run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
+        rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=32),
+        train=TrainConfig(), optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
+        traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
+        on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
+                                         + (f"  held-out {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
+                                         flush=True))
+    if res.get("interrupted"):
+        raise KeyboardInterrupt
+    curve = [{"iteration": 0, "heldout_pass1": res["before"]["pass1"]}]
+    train_reward = []
+    for it, m in enumerate(res["iterations"], start=1):  # flat metrics, "section/name" keys
+        train_reward.append({"iteration": it, "reward": m["rollout/reward_mean"], "success": m["rollout/success"],
+                             "loss": m.get("train/loss"), "mixed_groups": m.get("rollout/mixed_group_share")})
+        if "eval/pass1" in m:
+            curve.append({"iteration": it, "heldout_pass1": m["eval/pass1"]})
+    curve.append({"iteration": r.iterations, "heldout_pass1": res["after"]["pass1"]})
+    invariants = {"verifier_check": res.get("verifier_check"), "repeatable": res.get("repeatable"),
+                  "probe": res.get("probe")}
+    return finish(cfg, name, stamp, {"policy": os.path.join(run_dir, "policy"), "train_reward": train_reward,
+                                     "heldout_curve": curve, "invariants": invariants,
+                                     "seconds": time.time() - t0})
+
+
+# ---- 4. evaluation ----
+def eval_sets(cfg: StudyConfig) -> dict:
+    e = cfg.eval
+    return {"canonical": ([binary_search_task()], e.canonical_samples),
+            "heldout_instances": (generate_tasks("heldout_instances", e.heldout_instance_tasks, e.seed),
+                                  e.samples_per_task),
+            "heldout_templates": (generate_tasks("heldout_templates", e.heldout_template_tasks, e.seed),
+                                  e.samples_per_task)}
+
+
+def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox) -> dict:
+    """pass@1 / pass@k with Wilson intervals and behaviour statistics on the three sets; the
+    first canonical episode is kept (ids + masks) for the rendered example trajectory."""
+    stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
+             "policy_mtime": os.path.getmtime(os.path.join(policy, "model.safetensors"))}
+    key = f"eval_{name}"
+    done = cached(cfg, key, stamp)
+    if done is not None:
+        return done
+    t0 = time.time()
+    model, tok = load_policy(policy)
+    chat = ChatFormat(tok, tool_style="short")
+    rollout = RolloutConfig()
+    engine = SamplingEngine(model, agent_sampling(batch_size=32, stop_token_ids=tuple(tok.stop_ids),
+                                                  cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))
+    out: dict = {}
+    for split, (tasks, k) in eval_sets(cfg).items():
+        summary, eps = evaluate(tasks, engine, chat, sandbox, rollout, tools_config(cfg), k, seed=cfg.eval.seed,
+                                show_progress=False)
+        summary.pop("signal", None)
+        out[split] = summary
+        if split == "canonical":
+            ex = eps[0]  # the first sampled episode, whatever its outcome (no cherry-picking)
+            out["example"] = {"ids": ex.ids, "loss_mask": ex.loss_mask, "reward": ex.reward,
+                              "termination": ex.termination}
+        print(f"[{name}] {split}: pass@1 {summary['pass1']:.3f} [{summary['pass1_ci_low']:.3f}, "
+              f"{summary['pass1_ci_high']:.3f}]", flush=True)
+    out["seconds"] = time.time() - t0
+    return finish(cfg, key, stamp, out)
