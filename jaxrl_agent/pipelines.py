@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from flax import nnx
 
 from jaxrl_agent import hf
-from jaxrl_agent.config import (OptimConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
+from jaxrl_agent.config import (OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
                                 TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
@@ -108,6 +108,7 @@ class TrainRunConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=1e-4))
     tools: ToolConfig = field(default_factory=ToolConfig)
     traj: TrajectoryConfig = field(default_factory=TrajectoryConfig)
+    rewards: RewardConfig = field(default_factory=RewardConfig)
     resume: bool = False
 
 
@@ -227,7 +228,8 @@ def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
 
     model, tok = load_policy(cfg.policy.path)
     return train_rl(model, tok, rl=cfg.rl, rollout=cfg.rollout, sampling=cfg.sampling, train=cfg.train,
-                    optim=cfg.optim, tools=cfg.tools, traj=cfg.traj, show_progress=show_progress, resume=cfg.resume)
+                    optim=cfg.optim, tools=cfg.tools, traj=cfg.traj, show_progress=show_progress, resume=cfg.resume,
+                    rewards=cfg.rewards)
 
 
 

@@ -3,7 +3,8 @@
     for it in iterations:
         tasks    = next tasks from the seeded, resumable task iterator
         episodes = rollout.collect_episodes(tasks, engine, ...)     # G per task, verifier reward
-        kept     = rollout.trainable(episodes)                        # drop sandbox errors, (DAPO) flat groups
+        scored   = rewards.RewardComposer(episodes)                   # verifier / reward model / sum, shaping
+        kept     = rollout.trainable(scored)                          # drop sandbox errors, (DAPO) flat groups
         batch    = trajectory.collate(kept)                           # the only place that pads
         state    = train_step(state, batch)                           # LOSSES[algo], optax
         engine.update_params(policy)                                  # no recompilation
@@ -29,8 +30,8 @@ import numpy as np
 
 from jaxrl_agent import sharding as sh
 from jaxrl_agent.checkpoint import Checkpointer, export_hf
-from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RLConfig, RolloutConfig, SamplingConfig,
-                                TrainConfig, TrajectoryConfig)
+from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig,
+                                SamplingConfig, TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
@@ -39,6 +40,7 @@ from jaxrl_agent.evaluation import summarize_episodes
 from jaxrl_agent.loss_registry import LOSSES
 from jaxrl_agent.metrics import MetricsLogger, Timer, progress_bar
 from jaxrl_agent.offline import DataIterator
+from jaxrl_agent.rewards import RewardComposer
 from jaxrl_agent.rollout import collect_episodes, group_signal, trainable
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat
@@ -94,13 +96,18 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
              train: TrainConfig, optim: OptimConfig, tools: ToolConfig = ToolConfig(),
              traj: TrajectoryConfig = TrajectoryConfig(), train_tasks: list[Task] | None = None,
              eval_tasks: list[Task] | None = None, show_progress: bool = True, resume: bool = False,
-             tool_style: str = "short", on_iteration=None) -> dict:
+             tool_style: str = "short", on_iteration=None, rewards: RewardConfig = RewardConfig(),
+             reward_model=None) -> dict:
     """Run RL from `model`; returns the before/after evaluations and per-iteration metrics.
 
     Writes `<run_dir>/metrics.jsonl` (+ TensorBoard), checkpoints under `<run_dir>/checkpoints`
     (resumable with `resume=True`), and the final policy as an HF directory `<run_dir>/policy`.
     Ctrl-C saves a checkpoint and returns what was done so far. `on_iteration(it, metrics)`
     is called after each iteration's log line (monitoring, notebooks).
+
+    `rewards` says what the update trains on (default: the verifier's reward alone); a reward
+    model comes from `rewards.reward_model_path` or, already built, as `reward_model` (a
+    frozen `reward_model.RewardModel`). Success rates and evaluations always read the verifier.
     """
     if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
         raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
@@ -123,11 +130,14 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))
     state = ts.init_state(model, seed=rl.seed)
+    composer = RewardComposer(rewards, _reward_model(rewards, reward_model, traj))
     start = 0
     if resume and ckpt.latest_step() is not None:
         start = ckpt.latest_step()  # checkpoints are numbered by iteration (an iteration may skip its update)
         state, meta = ckpt.restore(ts.abstract_state())
         data.restore(meta["data_position"])
+        if "reward_norm" in meta["extra"]:
+            composer.stats.load_state_dict(meta["extra"]["reward_norm"])
     engine = SamplingEngine(policy_for_engine(ts, state), sampling)
     log = MetricsLogger(rl.run_dir)
     timer = Timer()
@@ -135,7 +145,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
 
     def save(it: int) -> None:
         if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
-            ckpt.save(it, state, data_position=data.position(), config=train, extra={"rl": rl, "optim": optim})
+            ckpt.save(it, state, data_position=data.position(), config=train,
+                      extra={"rl": rl, "optim": optim, "rewards": rewards, "reward_norm": composer.stats.state_dict()})
 
     last_done = start
     with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
@@ -156,7 +167,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk, **probe["signal"]}
                 log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
                             "probe": result["probe"], "eval": _eval_scalars(result["before"])})
-                if rl.require_signal and pk == 0.0:
+                # a reward model scores every episode differently: the verifier's pass@k is no test of signal
+                if rl.require_signal and pk == 0.0 and not composer.uses_reward_model:
                     raise NoSignalError(result,
                         f"the starting policy's pass@{rollout.group_size} on training tasks is 0: every group has "
                         "equal rewards, so group advantages are all 0 and RL has no signal. Start from an SFT "
@@ -168,12 +180,19 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     with progress_bar(len(tasks) * rollout.group_size, f"iter {it} rollout", show_progress) as adv:
                         episodes, rstats = collect_episodes(tasks, engine, chat, sandbox, rollout, tools,
                                                             seed=rl.seed * 1_000_003 + it * 10_007, progress=adv)
-                kept, dropped = trainable(episodes, rollout)
+                if rewards.pairs_out:  # preference data for `rm-train`, from the verifier's outcomes
+                    from jaxrl_agent.reward_model import pairs_from_groups, save_preference_pairs
+
+                    if pairs := pairs_from_groups(episodes, seed=it):
+                        save_preference_pairs(rewards.pairs_out, pairs, append=True)
+                with timer("reward"):
+                    scored, reward_metrics = composer(episodes)
+                kept, dropped = trainable(scored, rollout)
                 if rl.shuffle_rewards and kept:
                     perm = np.random.default_rng([rl.seed, it]).permutation(len(kept))
                     rewards = [kept[j].reward for j in perm]
                     kept = [replace(e, reward=r) for e, r in zip(kept, rewards)]
-                metrics = {"rollout": _rollout_scalars(episodes, rstats), "dropped": dropped}
+                metrics = {"rollout": _rollout_scalars(episodes, rstats), "reward": reward_metrics, "dropped": dropped}
                 if kept:
                     with timer("train"):
                         batch, _ = collate(kept, traj)
@@ -191,7 +210,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     on_iteration(it, result["iterations"][-1])
                 if show_progress:
                     r = metrics["rollout"]
-                    print(f"iter {it:3d}  reward {r['reward_mean']:.3f}  mixed groups {r['mixed_group_share']:.2f}"
+                    rm = (f"  rm {reward_metrics['reward_model_mean']:+.3f}" if composer.uses_reward_model else "")
+                    print(f"iter {it:3d}  reward {r['reward_mean']:.3f}{rm}  mixed groups {r['mixed_group_share']:.2f}"
                           f"  turns {r['mean_turns']:.1f}  loss {metrics.get('train', {}).get('loss', float('nan')):+.4f}"
                           + (f"  held-out pass@1 {metrics['eval']['pass1']:.3f}" if "eval" in metrics else ""))
                 if ckpt.should_save(it):
@@ -212,6 +232,18 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             log.close()
     result["state"], result["train_step"] = state, ts
     return result
+
+
+def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
+    """The frozen scorer the reward config asks for: `given`, or loaded from its path."""
+    if rewards.source == "verifier" or given is not None:
+        return given
+    if not rewards.reward_model_path:
+        raise ValueError(f"rewards.source={rewards.source!r} needs rewards.reward_model_path (a directory written by "
+                         "`python -m jaxrl_agent rm-train`)")
+    from jaxrl_agent.reward_model import RewardModel, load_reward_model
+
+    return RewardModel(load_reward_model(rewards.reward_model_path), traj, batch_size=rewards.score_batch_size)
 
 
 def _eval_scalars(summary: dict) -> dict:

@@ -4,6 +4,7 @@ pairs of a synthetic preference set, frozen scoring == the training path, export
 reward model staying bit-identical through policy updates, and an RL run on
 verifier + reward model that logs both."""
 import json
+import os
 from dataclasses import replace
 
 import jax
@@ -11,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 import trainer_worker as tw
 from jaxrl_agent import cli, hf
 from jaxrl_agent import losses as L
-from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.config import LossConfig, OptimConfig, RewardConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.loss_registry import LOSSES, REWARD_MODEL_LOSSES, reward_scores
 from jaxrl_agent.reward_model import (META_FILE, RewardModel, load_reward_model, pair_batch, save_preference_pairs,
                                       with_scalar_head)
@@ -190,3 +192,47 @@ def test_rm_train_reports_a_bad_pairs_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["rm-train", f"--rm.pairs={tmp_path / 'missing.jsonl'}"])
     assert "no preference pairs file" in capsys.readouterr().err
+
+
+# ---- the RL loop on verifier + reward model ----
+@pytest.mark.slow
+def test_rl_on_verifier_plus_reward_model_logs_both(tmp_path):
+    from test_rl import ROLLOUT, SAMPLING, TASKS, TOOLS, TRAJ, rl_config
+
+    from jaxrl_agent.model import CausalLM, ModelConfig
+    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
+    rm_model = with_scalar_head(policy)  # starts from the policy's own weights
+    rm_model.value_w.set_value(jnp.asarray(np.random.default_rng(0).normal(size=32), jnp.float32))
+    rm = RewardModel(rm_model, TRAJ, batch_size=16)
+    before = jax.tree.map(np.array, rm.params)
+    rewards = RewardConfig(source="sum", reward_model_weight=0.5, normalize=True, clip=2.0,
+                           interface_error_penalty=-0.1, pairs_out=str(tmp_path / "pairs.jsonl"))
+    res = train_rl(policy, tok, rl=rl_config(tmp_path, iterations=1, require_signal=False, eval_samples=2),
+                   rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+                   tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False,
+                   rewards=rewards, reward_model=rm)
+    it = res["iterations"][0]
+    assert np.isfinite(it["train/loss"])
+    # both components reached the log, and they add up to what the update trained on
+    for key in ("verifier_mean", "reward_model_mean", "reward_model_std", "reward_model_used_mean", "shaping_mean"):
+        assert np.isfinite(it[f"reward/{key}"]), key
+    assert it["reward/reward_model_std"] > 0  # the scorer tells episodes apart
+    assert it["reward/total_mean"] == pytest.approx(it["reward/verifier_mean"] + 0.5 * it["reward/reward_model_used_mean"]
+                                                    + it["reward/shaping_mean"], abs=1e-5)
+    # an untrained policy's calls never parse: every turn is an interface error and pays for it
+    assert it["reward/shaping_mean"] == pytest.approx(-0.1 * it["rollout/mean_turns"])
+    lines = [json.loads(x) for x in open(os.path.join(rl_config(tmp_path).run_dir, "metrics.jsonl"))]
+    assert any("reward/reward_model_mean" in x for x in lines)
+    # the policy moved; the reward model did not
+    moved = jax.tree.leaves(res["train_step"].policy_params(res["state"]))
+    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(nnx.state(policy, nnx.Param)), moved))
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.tree.map(np.array, rm.params))):
+        np.testing.assert_array_equal(a, b)
+    # verifier rewards were all equal, so the loop yielded no preference pairs (and wrote none)
+    assert not os.path.exists(tmp_path / "pairs.jsonl")
