@@ -25,10 +25,10 @@ CELL_TIMEOUT_S = 300
 
 
 def _kernel_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # MPLBACKEND is dropped too: the kernel's own inline backend turns figures into image/png.
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MPLBACKEND")}
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in [ROOT, env.get("PYTHONPATH", "")] if p)
-    env["MPLBACKEND"] = "Agg"  # no display; figures still become image/png outputs
     return env
 
 
