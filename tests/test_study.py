@@ -9,8 +9,8 @@ import pytest
 from experiments.binary_search_rl.__main__ import main
 from experiments.binary_search_rl.report import POLICIES
 
-TINY = ["--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
-        "--rl.group_size=2", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
+TINY = ["--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
+        "--rl.group_size=2", "--rl.mini_batches=1", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
         "--rl.require_signal=false", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
         "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--model.num_layers=1",
         "--model.hidden_size=32", "--model.num_heads=2", "--model.num_kv_heads=1", "--model.intermediate_size=64"]
@@ -41,10 +41,33 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     # second invocation: every stage comes from the work dir (no SFT step is printed again)
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "[sft] step" not in out and "[rl] iter" not in out
+    assert "[sft] step" not in out and "[pretrain] step" not in out and "[rl] iter" not in out
     assert os.path.exists(tmp_path / "work" / "sft" / "policy" / "model.safetensors")
 
 
 def test_study_rejects_a_bad_override():
     with pytest.raises(SystemExit):
         main(["--sft.nonexistent=3"])
+
+
+def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
+    """Every drill edit is a valid copy (no tool error), the change-and-restore pairs cancel,
+    and the workspace ends equal to the reference: drills teach copying, not wrong code."""
+    import random
+
+    from jaxrl_agent.env.tasks import generate_tasks, workspace_files
+    from jaxrl_agent.env.tools import create_workspaces
+    from experiments.binary_search_rl.drills import drill_transcript
+
+    restores = 0
+    for i, task in enumerate(generate_tasks("train", 12, 5)):
+        ws = create_workspaces(workspace_files(task), str(tmp_path / str(i)), 1)[0]
+        tr = drill_transcript(task, ws, random.Random(i), extra_edits=2)
+        assert all(not obs.startswith("Error") for _, obs in tr.turns), tr.turns
+        assert '"submit"' in tr.turns[-1][0]
+        path = task.metadata["source_file"]
+        with open(os.path.join(ws, path)) as f:
+            assert f.read() == task.reference_files[path]
+        # the fix takes at most one edit per bug; every other edit is a copy exercise
+        restores += sum('"str_replace"' in t for t, _ in tr.turns) - task.metadata["n_bugs"]
+    assert restores > 0

@@ -1,6 +1,6 @@
 """`python -m experiments.binary_search_rl [--preset=cpu|gpu] [--section.field=value ...]`
 
-Runs the whole study (see README.md here): demonstrations -> SFT (all demos) and SFT
+Runs the whole study (see README.md here): edit drills (pretraining) and demonstrations -> SFT (all demos) and SFT
 (successful demos only) -> GRPO from SFT and the shuffled-reward control -> evaluation of the
 four policies on the canonical task, held-out instances and held-out templates -> summary.json,
 plots and rendered trajectories in `results_dir`. Finished stages are reused from `work_dir`
@@ -32,8 +32,11 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
         print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
               flush=True)
     demo_stamp = {"demos": dataclasses.asdict(cfg.demos), "seed": cfg.seed}
-    done["sft"] = stages.sft(cfg, "sft", demos, demo_stamp, success_only=False)
-    done["sft_success_only"] = stages.sft(cfg, "sft_success_only", demos, demo_stamp, success_only=True)
+    base = stages.pretrain(cfg)
+    if base is not None:
+        done["pretrain"] = base
+    done["sft"] = stages.sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
+    done["sft_success_only"] = stages.sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
     done["rl"] = stages.rl(cfg, "rl", done["sft"], shuffle_rewards=False)
     done["control"] = stages.rl(cfg, "control", done["sft"], shuffle_rewards=True)
     evals = {}

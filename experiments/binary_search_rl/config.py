@@ -24,14 +24,31 @@ class DemoStage:
 
 
 @dataclass(frozen=True)
-class SFTStage:
-    """Supervised fine-tuning of a fresh tiny policy (both SFT baselines use this)."""
+class PretrainStage:
+    """Edit drills (drills.py) on fresh train-split instances, from a randomly initialised
+    model: the copy skill the demonstrations are too few to teach. 0 steps skips it."""
 
-    steps: int = 600
+    num_tasks: int = 4000
+    """Distinct drill instances (generated with seed + 100, disjoint from the demonstrations)."""
+    extra_edits: int = 2
+    """Change-and-restore copies of other lines per drill, besides the fix."""
+    steps: int = 400
     """Optimizer steps."""
     batch_size: int = 8
     """Episodes per step."""
     learning_rate: float = 3e-3
+    """AdamW peak learning rate (cosine decay to 10%, 4% warm-up)."""
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    """Supervised fine-tuning of a fresh tiny policy (both SFT baselines use this)."""
+
+    steps: int = 300
+    """Optimizer steps."""
+    batch_size: int = 8
+    """Episodes per step."""
+    learning_rate: float = 2e-3
     """AdamW peak learning rate (cosine decay to 10%, 4% warm-up)."""
 
 
@@ -42,14 +59,17 @@ class RLStage:
 
     algo: str = "grpo"
     """Registered loss (jaxrl_agent.losses.LOSSES)."""
-    iterations: int = 30
+    iterations: int = 20
     """Rollout-then-update iterations."""
-    tasks_per_iter: int = 8
+    tasks_per_iter: int = 6
     """Training tasks per iteration."""
     group_size: int = 8
     """Episodes per task (the GRPO group)."""
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-4
     """AdamW learning rate (constant)."""
+    mini_batches: int = 4
+    """Optimizer updates per rollout batch (group advantages are computed once over the
+    whole batch, then PPO-clipped updates on each mini-batch)."""
     num_train_tasks: int = 2000
     """Training task pool (iterated in a seeded order; disjoint seeds from the held-out splits)."""
     eval_every: int = 5
@@ -66,9 +86,9 @@ class EvalStage:
 
     canonical_samples: int = 200
     """Episodes on the canonical binary-search task."""
-    heldout_instance_tasks: int = 100
+    heldout_instance_tasks: int = 64
     """Held-out instances of the training templates."""
-    heldout_template_tasks: int = 48
+    heldout_template_tasks: int = 32
     """Instances of the four held-out templates."""
     samples_per_task: int = 2
     """Episodes per held-out task (pass@k uses k = this)."""
@@ -80,6 +100,7 @@ class EvalStage:
 class StudyConfig:
     """The whole study."""
 
+    pretrain: PretrainStage = field(default_factory=PretrainStage)
     demos: DemoStage = field(default_factory=DemoStage)
     sft: SFTStage = field(default_factory=SFTStage)
     rl: RLStage = field(default_factory=RLStage)
@@ -102,6 +123,7 @@ CPU_PRESET = StudyConfig()
 
 GPU_PRESET = replace(
     StudyConfig(),
+    pretrain=PretrainStage(num_tasks=20000, steps=3000, batch_size=32, learning_rate=2e-3),
     demos=DemoStage(num_tasks=4000),
     sft=SFTStage(steps=3000, batch_size=32, learning_rate=2e-3),
     rl=RLStage(iterations=100, tasks_per_iter=16, group_size=16, num_train_tasks=8000, eval_every=10,

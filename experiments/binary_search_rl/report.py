@@ -64,12 +64,12 @@ def build_summary(cfg_dict: dict, stages: dict, evals: dict) -> dict:
     for split in SPLIT_LABELS:
         summary[split] = {pol: _split_entry(evals[pol][split]) for pol in POLICIES}
     summary["targets"] = targets(summary)
-    summary["training"] = {
-        "demos": stages["demos"],
-        "sft": {k: v for k, v in stages["sft"].items() if k != "nll"} | {"final_nll": stages["sft"]["nll"][-1]},
-        "sft_success_only": {k: v for k, v in stages["sft_success_only"].items() if k != "nll"}
-        | {"final_nll": stages["sft_success_only"]["nll"][-1]},
-        "rl": stages["rl"], "control": stages["control"]}
+    summary["training"] = {"demos": stages["demos"], "rl": stages["rl"], "control": stages["control"]}
+    for name in ("pretrain", "sft", "sft_success_only"):
+        if name in stages:  # per-step NLL curves stay in the work dir; the summary keeps the end points
+            nll = stages[name]["nll"]
+            summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
+                "first_nll": nll[0], "final_nll": nll[-1]}
     summary["seconds"] = {name: round(st.get("seconds", 0.0), 1) for name, st in stages.items()}
     summary["seconds"].update({f"eval_{p}": round(evals[p].get("seconds", 0.0), 1) for p in POLICIES})
     return summary

@@ -30,8 +30,9 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
+from experiments.binary_search_rl.drills import make_drills
 
-SPLITS = ("canonical", "heldout_instances", "heldout_templates")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 
 
 def tools_config(cfg: StudyConfig) -> ToolConfig:
@@ -113,37 +114,64 @@ def _load_episodes(path: str) -> list[Episode]:
     return out
 
 
-# ---- 2. SFT (all demonstrations / successful ones only) ----
-def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, *, success_only: bool) -> dict:
-    """A fresh tiny policy fine-tuned on `episodes` (only reward-1 ones with `success_only`,
-    i.e. rejection-sampling fine-tuning); exported to `<work_dir>/<name>/policy`."""
-    s = cfg.sft
-    stamp = {"sft": asdict(s), "model": asdict(cfg.model), "seed": cfg.seed, "success_only": success_only,
-             "demos": demo_stamp}
-    done = cached(cfg, name, stamp)
-    if done is not None:
-        return done
-    data = [e for e in episodes if e.reward >= 1.0] if success_only else list(episodes)
-    if not data:
-        raise RuntimeError(f"{name}: no demonstrations to train on")
+# ---- 2. pretraining on edit drills, SFT (all demonstrations / successful ones only) ----
+def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_size: int, learning_rate: float,
+         init: str | None) -> dict:
+    """Masked-NLL training of `init` (an HF policy directory; None: a fresh tiny model) on
+    `data`; exported to `<work_dir>/<name>/policy`."""
     t0 = time.time()
     tok = load_tokenizer()
-    model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(cfg.seed))
-    optim = OptimConfig(learning_rate=s.learning_rate, schedule="cosine", warmup_steps=max(1, s.steps // 25),
-                        total_steps=s.steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
+    if init:
+        model, _ = load_policy(init)
+    else:
+        model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(cfg.seed))
+    optim = OptimConfig(learning_rate=learning_rate, schedule="cosine", warmup_steps=max(1, steps // 25),
+                        total_steps=steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
     traj = TrajectoryConfig(buckets=(512, 640, 768, 896, 1024, 1536, 2048), overflow="truncate")
     nll = []
 
     def on_step(step, metrics):
         nll.append(metrics["loss"])
         if step % 50 == 0 or step == 1:
-            print(f"[{name}] step {step:4d}/{s.steps}  nll {metrics['loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
+            print(f"[{name}] step {step:4d}/{steps}  nll {metrics['loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
 
-    state, _, ts = run_sft(model, data, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj, num_steps=s.steps,
-                           batch_size=min(s.batch_size, len(data)), seed=cfg.seed, on_step=on_step)
+    state, _, ts = run_sft(model, data, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj, num_steps=steps,
+                           batch_size=min(batch_size, len(data)), seed=cfg.seed, on_step=on_step)
     out = os.path.join(stage_dir(cfg, name), "policy")
     export_hf(ts, state, model.config, out)
-    return finish(cfg, name, stamp, {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0})
+    return {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0}
+
+
+def pretrain(cfg: StudyConfig) -> dict | None:
+    """The drilled base model all policies start from (None when `pretrain.steps` is 0)."""
+    p = cfg.pretrain
+    if p.steps <= 0:
+        return None
+    stamp = {"pretrain": asdict(p), "model": asdict(cfg.model), "seed": cfg.seed}
+    done = cached(cfg, "pretrain", stamp)
+    if done is not None:
+        return done
+    drills = make_drills(generate_tasks("train", p.num_tasks, cfg.seed + 100), chat_format(), seed=cfg.seed,
+                         extra_edits=p.extra_edits)
+    return finish(cfg, "pretrain", stamp, _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size,
+                                               learning_rate=p.learning_rate, init=None))
+
+
+def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, base: dict | None, *,
+        success_only: bool) -> dict:
+    """The base model (or a fresh one) fine-tuned on the demonstrations (only reward-1 ones
+    with `success_only`, i.e. rejection-sampling fine-tuning)."""
+    s = cfg.sft
+    stamp = {"sft": asdict(s), "model": asdict(cfg.model), "seed": cfg.seed, "success_only": success_only,
+             "demos": demo_stamp, "base": base and base["policy"], "base_seconds": base and base["seconds"]}
+    done = cached(cfg, name, stamp)
+    if done is not None:
+        return done
+    data = [e for e in episodes if e.reward >= 1.0] if success_only else list(episodes)
+    if not data:
+        raise RuntimeError(f"{name}: no demonstrations to train on")
+    return finish(cfg, name, stamp, _fit(cfg, name, data, steps=s.steps, batch_size=s.batch_size,
+                                         learning_rate=s.learning_rate, init=base and base["policy"]))
 
 
 # ---- 3. RL and the shuffled-reward control ----
@@ -167,7 +195,10 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> di
                     shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=cfg.seed,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
         rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=32),
-        train=TrainConfig(), optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
+        # group baselines need the whole batch: computed once before the mini-batch split
+        train=TrainConfig(num_mini_batches=r.mini_batches,
+                          advantage=r.algo if r.mini_batches > 1 and r.algo in GROUP_ADVANTAGES else "loss"),
+        optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
                                          + (f"  held-out {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
