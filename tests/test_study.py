@@ -71,3 +71,44 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
         # the fix takes at most one edit per bug; every other edit is a copy exercise
         restores += sum('"str_replace"' in t for t, _ in tr.turns) - task.metadata["n_bugs"]
     assert restores > 0
+
+
+def _fake_split(p1: float) -> dict:
+    return {"pass1": p1, "pass1_ci_low": max(0.0, p1 - 0.1), "pass1_ci_high": min(1.0, p1 + 0.1), "n_episodes": 10,
+            "n_tasks": 5, "behaviour": {"mean_turns": 5.0, "failure_layers": {"interface": 1 - p1}},
+            "terminations": {"submitted": 10}, "per_template": {"t": {"pass1": p1}}}
+
+
+def test_report_without_rl_says_why_and_still_writes_the_sft_results(tmp_path):
+    """When RL refused to start (no signal), the report keeps the SFT figures and marks the
+    targets unmet with the reason instead of crashing or inventing numbers."""
+    from jaxrl_agent.tokenizer import load_tokenizer
+    from experiments.binary_search_rl import report
+
+    split = {s: _fake_split(0.2) for s in report.SPLIT_LABELS}
+    example = {"ids": [1, 2, 3], "loss_mask": [0, 1, 1], "reward": 0.0, "termination": "max_turns"}
+    evals = {"sft": {**split, "example": example}, "sft_success_only": dict(split)}
+    stages = {"demos": {"seconds": 1.0}, "sft": {"nll": [2.0, 1.0], "seconds": 1.0},
+              "sft_success_only": {"nll": [2.0, 1.5], "seconds": 1.0},
+              "rl": {"policy": None, "no_signal": "pass@8 is 0", "seconds": 1.0},
+              "control": {"policy": None, "no_signal": "pass@8 is 0", "seconds": 1.0}}
+    summary = report.build_summary({"seed": 0}, stages, evals)
+    assert summary["targets"]["all"]["met"] is False and "no_signal" in summary["targets"]["all"]["reason"]
+    assert set(summary["canonical"]) == {"sft", "sft_success_only"}
+    written = report.write_all(summary, evals, load_tokenizer(), str(tmp_path))
+    assert not any("after_rl" in w for w in written)
+    assert "SFT (all demos)" in (tmp_path / "results.md").read_text()
+
+
+def test_report_targets_follow_the_numbers():
+    from experiments.binary_search_rl import report
+
+    summary = {s: {"sft": report._split_entry(_fake_split(0.3)), "sft_success_only": report._split_entry(_fake_split(0.4)),
+                   "rl": report._split_entry(_fake_split(0.97)), "control": report._split_entry(_fake_split(0.32))}
+               for s in report.SPLIT_LABELS}
+    t = report.targets(summary)
+    assert t["canonical_rl_pass1_at_least_0.95"]["met"] and t["canonical_sft_start_at_most_0.70"]["met"]
+    assert t["heldout_rl_minus_sft_at_least_0.25"]["met"] and t["heldout_intervals_do_not_overlap"]["met"]
+    assert t["control_gain_at_most_0.05"]["met"] and t["rl_beats_success_only_sft"]["met"]
+    summary["heldout_instances"]["control"] = report._split_entry(_fake_split(0.5))
+    assert not report.targets(summary)["control_gain_at_most_0.05"]["met"]

@@ -42,7 +42,8 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     evals = {}
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
         for pol in report.POLICIES:
-            evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox)
+            if done[pol]["policy"] is not None:  # None: RL refused to start (no signal)
+                evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox)
     summary = report.build_summary(dataclasses.asdict(cfg), done, evals)
     summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)
     written = report.write_all(summary, evals, load_tokenizer(), cfg.results_dir)

@@ -40,6 +40,10 @@ def _split_entry(s: dict) -> dict:
 
 def targets(summary: dict) -> dict:
     """The issue's targets, each with the numbers it was judged on."""
+    missing = [pol for pol in POLICIES if pol not in summary["canonical"]]
+    if missing:
+        return {"all": {"met": False, "reason": f"no policy for {missing}: see training.<name>.no_signal"}}
+
     def p(split, pol):
         return summary[split][pol]
 
@@ -62,7 +66,7 @@ def targets(summary: dict) -> dict:
 def build_summary(cfg_dict: dict, stages: dict, evals: dict) -> dict:
     summary: dict = {"git_commit": git_commit(), "config": cfg_dict}
     for split in SPLIT_LABELS:
-        summary[split] = {pol: _split_entry(evals[pol][split]) for pol in POLICIES}
+        summary[split] = {pol: _split_entry(evals[pol][split]) for pol in POLICIES if pol in evals}
     summary["targets"] = targets(summary)
     summary["training"] = {"demos": stages["demos"], "rl": stages["rl"], "control": stages["control"]}
     for name in ("pretrain", "sft", "sft_success_only"):
@@ -71,7 +75,7 @@ def build_summary(cfg_dict: dict, stages: dict, evals: dict) -> dict:
             summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
                 "first_nll": nll[0], "final_nll": nll[-1]}
     summary["seconds"] = {name: round(st.get("seconds", 0.0), 1) for name, st in stages.items()}
-    summary["seconds"].update({f"eval_{p}": round(evals[p].get("seconds", 0.0), 1) for p in POLICIES})
+    summary["seconds"].update({f"eval_{p}": round(e.get("seconds", 0.0), 1) for p, e in evals.items()})
     return summary
 
 
@@ -86,6 +90,8 @@ def plot_all(summary: dict, out_dir: str) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, colour in (("rl", "tab:blue"), ("control", "tab:grey")):
         tr = summary["training"][name]
+        if not tr.get("train_reward"):
+            continue
         axes[0].plot([r["iteration"] for r in tr["train_reward"]], [r["reward"] for r in tr["train_reward"]],
                      color=colour, label=LABELS[name])
         axes[1].plot([c["iteration"] for c in tr["heldout_curve"]], [c["heldout_pass1"] for c in tr["heldout_curve"]],
@@ -95,7 +101,8 @@ def plot_all(summary: dict, out_dir: str) -> list[str]:
                 ylim=(-0.02, 1.02))
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "training_curves.png"))
     fig.savefig(paths[-1], dpi=110)
@@ -103,7 +110,7 @@ def plot_all(summary: dict, out_dir: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.2
-    for j, pol in enumerate(POLICIES):
+    for j, pol in enumerate(p for p in POLICIES if p in summary["canonical"]):
         xs, ys, lo, hi = [], [], [], []
         for i, split in enumerate(SPLIT_LABELS):
             e = summary[split][pol]
@@ -157,20 +164,21 @@ def render_trajectory(example: dict, tokenizer, title: str) -> tuple[str, str]:
 def results_markdown(summary: dict) -> str:
     rows = ["| policy | canonical pass@1 | held-out instances pass@1 | held-out templates pass@1 |",
             "|---|---|---|---|"]
-    for pol in POLICIES:
+    present = [pol for pol in POLICIES if pol in summary["canonical"]]
+    for pol in present:
         cells = [f"{summary[s][pol]['pass1']:.3f} [{summary[s][pol]['ci_low']:.3f}, {summary[s][pol]['ci_high']:.3f}]"
                  for s in SPLIT_LABELS]
         rows.append(f"| {LABELS[pol]} | " + " | ".join(cells) + " |")
     beh = ["", "| policy (held-out instances) | tests run before submit | fixed every bug | recovered after failing "
            "tests | turns | interface errors / ep |", "|---|---|---|---|---|---|"]
-    for pol in POLICIES:
+    for pol in present:
         b = summary["heldout_instances"][pol]["behaviour"]
         beh.append(f"| {LABELS[pol]} | {b.get('ran_tests_before_submit', 0):.2f} | {b.get('fixed_all_bugs', 0):.2f} | "
                    f"{b.get('recovered', 0):.2f} | {b.get('mean_turns', 0):.1f} | "
                    f"{b.get('interface_errors_per_episode', 0):.2f} |")
     tg = ["", "| target | met | figure |", "|---|---|---|"]
     for name, t in summary["targets"].items():
-        fig = ", ".join(f"{k} {v:.3f}" for k, v in t.items() if k != "met" and isinstance(v, float))
+        fig = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{v}" for k, v in t.items() if k != "met")
         tg.append(f"| {name} | {'yes' if t['met'] else 'no'} | {fig} |")
     return "\n".join(rows + beh + tg) + "\n"
 
@@ -182,6 +190,8 @@ def write_all(summary: dict, evals: dict, tokenizer, out_dir: str) -> list[str]:
         json.dump(summary, f, indent=1, default=str)
     written += plot_all(summary, out_dir)
     for tag, pol in (("before_rl", "sft"), ("after_rl", "rl")):
+        if pol not in evals:
+            continue
         page, md = render_trajectory(evals[pol]["example"], tokenizer,
                                      f"canonical task, {LABELS[pol]}: first sampled episode")
         for ext, text in (("html", page), ("md", md)):

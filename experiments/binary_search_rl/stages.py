@@ -24,7 +24,7 @@ from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.model import CausalLM
 from jaxrl_agent.offline import run_sft
 from jaxrl_agent.pipelines import agent_sampling, load_policy
-from jaxrl_agent.rl import evaluate, train_rl
+from jaxrl_agent.rl import NoSignalError, evaluate, train_rl
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
@@ -187,6 +187,17 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> di
     t0 = time.time()
     model, tok = load_policy(start["policy"])
     run_dir = stage_dir(cfg, name)
+    try:
+        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards)
+    except NoSignalError as e:  # recorded, not raised: the study still reports the SFT policies
+        print(f"[{name}] no RL run: {e}", flush=True)
+        return finish(cfg, name, stamp, {"policy": None, "no_signal": str(e), "probe": e.result.get("probe"),
+                                         "seconds": time.time() - t0})
+
+
+def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t0: float,
+           shuffle_rewards: bool) -> dict:
+    r = cfg.rl
     curve_tasks = generate_tasks("heldout_instances", r.curve_tasks, cfg.eval.seed + 100)
     res = train_rl(
         model, tok,
