@@ -32,7 +32,7 @@ class PretrainStage:
     """Distinct drill instances (generated with seed + 100, disjoint from the demonstrations)."""
     extra_edits: int = 2
     """Change-and-restore copies of other lines per drill, besides the fix."""
-    steps: int = 400
+    steps: int = 1200
     """Optimizer steps."""
     batch_size: int = 8
     """Episodes per step."""
@@ -44,7 +44,7 @@ class PretrainStage:
 class SFTStage:
     """Supervised fine-tuning of a fresh tiny policy (both SFT baselines use this)."""
 
-    steps: int = 300
+    steps: int = 200
     """Optimizer steps."""
     batch_size: int = 8
     """Episodes per step."""
@@ -59,7 +59,7 @@ class RLStage:
 
     algo: str = "grpo"
     """Registered loss (jaxrl_agent.losses.LOSSES)."""
-    iterations: int = 20
+    iterations: int = 15
     """Rollout-then-update iterations."""
     tasks_per_iter: int = 6
     """Training tasks per iteration."""
@@ -86,9 +86,9 @@ class EvalStage:
 
     canonical_samples: int = 200
     """Episodes on the canonical binary-search task."""
-    heldout_instance_tasks: int = 64
+    heldout_instance_tasks: int = 48
     """Held-out instances of the training templates."""
-    heldout_template_tasks: int = 32
+    heldout_template_tasks: int = 24
     """Instances of the four held-out templates."""
     samples_per_task: int = 2
     """Episodes per held-out task (pass@k uses k = this)."""
