@@ -188,7 +188,7 @@ def test_run_tests_summary_and_first_failure(ws):
         tools = Tools(ws, ["test_bsearch.py"], sb)
         assert call(tools, "run_tests").text == (
             "2 passed, 1 failed.\n"
-            "FAILED test_last_1: TimeoutError: test timed out after 1s (infinite loop?)")
+            "FAILED test_last_1: TimeoutError: test timed out after 0.5s (infinite loop?)")
         call(tools, "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid + 1\n")
         assert call(tools, "run_tests").text == "3 passed."
         call(tools, "str_replace", path="bsearch.py", old="    low = 0\n", new="    low = (\n")

@@ -35,8 +35,9 @@ class ToolConfig:
     """Longest accepted string argument (an oversized one is an interface error)."""
     max_output_chars: int = 2000
     """Tool results longer than this are truncated."""
-    test_timeout_s: float = 1.0
-    """Per-test limit of `run_tests` (a looping test fails alone, quickly)."""
+    test_timeout_s: float = 0.5
+    """Per-test limit of `run_tests` (a looping test fails alone, quickly; the task family's
+    tests take milliseconds, and a looping bug costs this much per test in every rollout)."""
     run_timeout_s: float = 10.0
     """Wall limit of one `run_tests` call."""
 
