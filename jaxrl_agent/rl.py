@@ -190,8 +190,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 kept, dropped = trainable(scored, rollout)
                 if rl.shuffle_rewards and kept:
                     perm = np.random.default_rng([rl.seed, it]).permutation(len(kept))
-                    rewards = [kept[j].reward for j in perm]
-                    kept = [replace(e, reward=r) for e, r in zip(kept, rewards)]
+                    permuted = [kept[j].reward for j in perm]  # not `rewards`: that is the RewardConfig
+                    kept = [replace(e, reward=r) for e, r in zip(kept, permuted)]
                 metrics = {"rollout": _rollout_scalars(episodes, rstats), "reward": reward_metrics, "dropped": dropped}
                 if kept:
                     with timer("train"):

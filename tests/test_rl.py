@@ -109,6 +109,15 @@ def test_every_algorithm_runs_the_loop(sft_model, tok, tmp_path, algo):
     assert any(not np.allclose(a, b) for a, b in zip(before, after)), "parameters did not change"
 
 
+def test_shuffled_reward_control_runs_every_iteration(sft_model, tok, tmp_path):
+    """The control of the study (rewards permuted within the batch) runs past its first
+    iteration: it once died on iteration 2 because the permuted list shadowed the reward config."""
+    res = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=3, shuffle_rewards=True), rollout=ROLLOUT,
+                   sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3), tools=TOOLS,
+                   traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:2], show_progress=False)
+    assert len(res["iterations"]) == 3 and "after" in res
+
+
 def test_resume_continues_from_checkpoint(sft_model, tok, tmp_path):
     kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
               tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
