@@ -11,6 +11,8 @@ entry in `HOW` below saying how it is exercised, and that way is checked here:
            has no signal on one task, so it takes the "no RL run" branch of the demo (the RL
            branch is what `train` runs below and tests/test_rl.py runs).
   static   cannot run here (no accelerator): checked that what it names exists.
+  study    the study of experiments/binary_search_rl (an hour and more): its options resolve
+           here; tests/test_study.py runs the same entry point with tiny overrides.
 
 Arguments of every `python -m jaxrl_agent` command are also resolved through cli.py's own
 override parser against the command's config, so a renamed option fails here even for a
@@ -51,6 +53,8 @@ HOW = {
     **{c: "tiny" for c in SESSION},
     "python -m jaxrl_agent bandit --bandit.algo=rloo": "tiny",
     "python -m jaxrl_agent.config_reference": "tiny",
+    "python -m experiments.binary_search_rl": "study",
+    "python -m experiments.binary_search_rl --preset=gpu": "study",
     "pip install -e .[cuda12]": "static",
     MULTI_HOST: "static",
 }
@@ -159,6 +163,23 @@ def test_static_commands_name_what_exists():
         assert f'"{var}"' in src, var
     test_src = open(os.path.join(ROOT, "tests", "test_distributed.py")).read()
     assert "def test_two_processes_match_one_process" in test_src and "JAX_COORDINATOR_ADDRESS" in test_src
+
+
+# ---- the study (issue 8) ----
+def test_study_commands_resolve_their_options():
+    """The study's README commands resolve through its own parser (preset, then overrides);
+    tests/test_study.py runs the same entry point end to end with tiny overrides."""
+    from experiments.binary_search_rl.config import PRESETS
+
+    for command, how in HOW.items():
+        if how != "study":
+            continue
+        words = shlex.split(command)
+        assert words[:3] == ["python", "-m", "experiments.binary_search_rl"], command
+        presets = [w.split("=", 1)[1] for w in words[3:] if w.startswith("--preset=")]
+        cli.apply_overrides(PRESETS[(presets or ["cpu"])[-1]], [w for w in words[3:] if not w.startswith("--preset=")])
+    src = open(os.path.join(ROOT, "tests", "test_study.py")).read()
+    assert "def test_study_runs_every_stage_and_writes_the_summary" in src and "main(args)" in src
 
 
 # ---- tiny runs ----
