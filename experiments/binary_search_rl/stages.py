@@ -60,6 +60,12 @@ def cached(cfg: StudyConfig, name: str, stamp: dict) -> dict | None:
     return saved["result"] if saved.get("stamp") == json.loads(json.dumps(stamp, default=str)) else None
 
 
+def _policy_mtime(policy_dir: str) -> float:
+    """When the policy's weights were written: a re-made input stage invalidates its users
+    even though its directory keeps the same path."""
+    return os.path.getmtime(os.path.join(policy_dir, "model.safetensors"))
+
+
 def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
     with open(os.path.join(stage_dir(cfg, name), "stamp.json"), "w") as f:
         json.dump({"stamp": stamp, "result": result}, f, indent=1, default=str)
@@ -163,7 +169,7 @@ def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, 
     with `success_only`, i.e. rejection-sampling fine-tuning)."""
     s = cfg.sft
     stamp = {"sft": asdict(s), "model": asdict(cfg.model), "seed": cfg.seed, "success_only": success_only,
-             "demos": demo_stamp, "base": base and base["policy"], "base_seconds": base and base["seconds"]}
+             "demos": demo_stamp, "base": base and base["policy"], "base_mtime": base and _policy_mtime(base["policy"])}
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -180,7 +186,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> di
     permuted across each batch before the update (the control: same compute, no signal)."""
     r = cfg.rl
     stamp = {"rl": asdict(r), "seed": cfg.seed, "shuffle": shuffle_rewards, "start": start["policy"],
-             "test_timeout_s": cfg.test_timeout_s}
+             "start_mtime": _policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -245,7 +251,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox) -> dict:
     """pass@1 / pass@k with Wilson intervals and behaviour statistics on the three sets; the
     first canonical episode is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": os.path.getmtime(os.path.join(policy, "model.safetensors"))}
+             "policy_mtime": _policy_mtime(policy)}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
