@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
-    from jaxrl_agent.reward_model import PreferenceDataError
+    from jaxrl_agent.preference_pairs import PreferenceDataError
     from jaxrl_agent.rl import NoSignalError
     from jaxrl_agent.sharding import initialize_distributed
 

@@ -181,7 +181,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                         episodes, rstats = collect_episodes(tasks, engine, chat, sandbox, rollout, tools,
                                                             seed=rl.seed * 1_000_003 + it * 10_007, progress=adv)
                 if rewards.pairs_out:  # preference data for `rm-train`, from the verifier's outcomes
-                    from jaxrl_agent.reward_model import pairs_from_groups, save_preference_pairs
+                    from jaxrl_agent.preference_pairs import pairs_from_groups, save_preference_pairs
 
                     if pairs := pairs_from_groups(episodes, seed=it):
                         save_preference_pairs(rewards.pairs_out, pairs, append=True)
