@@ -314,10 +314,12 @@ class CausalLM(nnx.Module):
     # ---- cached path (sampling) ----
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
-        """An empty `KVCache` with S = max_len slots per row (dtype defaults to the params')."""
+        """An empty `KVCache` with S = max_len slots per row (dtype defaults to the params'); one
+        array per layer when the layers are unrolled, one stacked array when they are scanned."""
         cfg = self.config
         dtype = dtype or self._get("embed").dtype
-        return kv_cache.init_cache(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
+        return kv_cache.init_cache(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, dtype,
+                                   per_layer=self._unrolled())
 
     def extend(self, tokens: jax.Array, cache: KVCache, valid: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """Append a right-padded chunk to every row of the cache.
@@ -339,14 +341,25 @@ class CausalLM(nnx.Module):
         cos, sin = rope_tables(rope_inv_freq(self.config), slots)
         mask = kv_cache.cached_attention_mask(slots, cache.capacity)  # [B, T, S]
 
+        if cache.per_layer != self._unrolled():
+            raise ValueError(
+                f"KV cache form mismatch: a model that {'unrolls' if self._unrolled() else 'scans'} its layers "
+                f"needs per_layer={self._unrolled()} (make the cache with model.init_cache)"
+            )
+
         def body(carry, p, layer):
             x, ks, vs = carry
             q, k, v = self._qkv(p, x, cos, sin)
-            ks = kv_cache.write_layer(ks, layer, slots, k)
-            vs = kv_cache.write_layer(vs, layer, slots, v)
-            return self._finish_block(p, x, attention(q, ks[layer], vs[layer], mask)), ks, vs
+            if cache.per_layer:  # unrolled: `layer` is a Python int, each layer its own buffer
+                k_l, v_l = kv_cache.write_slots(ks[layer], slots, k), kv_cache.write_slots(vs[layer], slots, v)
+                ks, vs = ks[:layer] + (k_l,) + ks[layer + 1:], vs[:layer] + (v_l,) + vs[layer + 1:]
+            else:  # scanned: `layer` is traced, write into and read from the stacked arrays
+                ks, vs = kv_cache.write_slots(ks, slots, k, layer), kv_cache.write_slots(vs, slots, v, layer)
+                k_l, v_l = ks[layer], vs[layer]
+            return self._finish_block(p, x, attention(q, k_l, v_l, mask, kv_heads_first=True)), ks, vs
 
-        x, ks, vs = self._layers(body, (self._get("embed")[tokens], cache.k, cache.v), hoist=True)
+        x, ks, vs = self._layers(body, (self._get("embed")[tokens], tuple(cache.k) if cache.per_layer else cache.k,
+                                        tuple(cache.v) if cache.per_layer else cache.v), hoist=True)
         hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
         lengths = cache.lengths + jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
         return hidden, KVCache(k=ks, v=vs, lengths=lengths)

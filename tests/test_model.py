@@ -106,14 +106,24 @@ def test_packed_row_equals_separate_rows(fns):
     np.testing.assert_allclose(packed[3:7], second[:4], atol=1e-5)
 
 
-def test_cached_decode_matches_full_forward(fns):
+@pytest.mark.parametrize("layers", ["unrolled", "scanned"])
+def test_cached_decode_matches_full_forward(fns, model, layers):
     """Prefill rows of different lengths, decode step by step, prefill a second (observation)
-    chunk, decode again: every cached logit equals the full forward's at that position."""
+    chunk, decode again: every cached logit equals the full forward's at that position. Both
+    cache forms: per-layer arrays (unrolled layers) and one stacked array (scanned layers)."""
     s_total = 24
     tokens, positions, mask = _batch(2, t=s_total)
     full = np.asarray(fns["fwd"](fns["state"], tokens, positions, mask))
     rows = np.arange(B)
-    cache = kv_cache.init_cache(CFG.num_layers, B, 32, CFG.num_kv_heads, CFG.head_dim)
+    if layers == "scanned":  # the same weights, layers run by lax.scan over a stacked cache
+        scanned = _perturbed(dataclasses.replace(CFG, unroll_layers=0))
+        graphdef, state = nnx.split(scanned)
+        fns = dict(state=state,
+                   prefill=jax.jit(lambda s, tok, c, valid: nnx.merge(graphdef, s).prefill(tok, c, valid)),
+                   decode=jax.jit(lambda s, tok, c, active: nnx.merge(graphdef, s).decode_step(tok, c, active)))
+        model = scanned
+    cache = model.init_cache(B, 32)
+    assert cache.per_layer == (layers == "unrolled")
 
     def prefill_chunk(cache, lens, width):
         start = np.asarray(cache.lengths)
@@ -147,14 +157,17 @@ def test_cached_decode_matches_full_forward(fns):
 
 def test_cache_writes_past_capacity_are_dropped_not_clamped():
     """A right-padded chunk that overhangs the cache end must not overwrite valid slots."""
-    cache = kv_cache.init_cache(1, 1, 4, 1, 2)
-    filled = jnp.arange(8, dtype=jnp.float32).reshape(1, 1, 4, 1, 2)
-    new = jnp.full((1, 3, 1, 2), -1.0)
+    filled = jnp.arange(16, dtype=jnp.float32).reshape(2, 1, 1, 4, 2)  # stacked [L, B, K, S, Dh]
+    new = jnp.full((1, 3, 1, 2), -1.0)  # [B, T, K, Dh]
     slots = kv_cache.append_slots(jnp.array([3], jnp.int32), 3)  # slots 3, 4, 5 of a 4-slot row
-    out = kv_cache.write_layer(filled, jnp.int32(0), slots, new)
-    np.testing.assert_array_equal(out[0, 0, :3], filled[0, 0, :3])
-    np.testing.assert_array_equal(out[0, 0, 3], new[0, 0])
-    assert cache.capacity == 4
+    out = kv_cache.write_slots(filled, slots, new, jnp.int32(1))
+    np.testing.assert_array_equal(out[0], filled[0])  # the other layer is untouched
+    np.testing.assert_array_equal(out[1, 0, 0, :3], filled[1, 0, 0, :3])
+    np.testing.assert_array_equal(out[1, 0, 0, 3], new[0, 0, 0])
+    one = kv_cache.write_slots(filled[1], slots, new)  # one layer's [B, K, S, Dh] array
+    np.testing.assert_array_equal(one, out[1])
+    for per_layer in (False, True):
+        assert kv_cache.init_cache(2, 1, 4, 1, 2, per_layer=per_layer).capacity == 4
 
 
 def test_cache_capacity_check():
@@ -221,7 +234,7 @@ def test_policy_outputs_alignment_and_sampler_agreement(model, fns):
     np.testing.assert_allclose(out.values[:, 1:], values[:, :-1], atol=1e-6)
     assert float(jnp.abs(out.values[:, 0]).max()) == 0.0
 
-    cache = kv_cache.init_cache(CFG.num_layers, B, T, CFG.num_kv_heads, CFG.head_dim)
+    cache = model.init_cache(B, T)
     logits, cache = fns["prefill"](fns["state"], tokens[:, :1], cache, jnp.ones((B, 1), jnp.int32))
     ones = jnp.ones((B,), jnp.int32)
     for t in range(1, T):
