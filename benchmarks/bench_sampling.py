@@ -8,7 +8,9 @@ process, on the same tiny random Qwen2 weights; plus the prefill work of an 8-tu
    The contenders alternate call by call so background load hits them alike; tokens/s is
    B * N / median seconds, and the figure of merit is the ratio to the faster `generate`
    configuration (torch's default thread count, or one thread).
-2. Multi-turn: B episodes of 8 turns (sample up to 32 tokens, append a 8-40 token tool
+2. Decode windows: the same sampling on a 1024-slot cache (the agent jobs' size), attention
+   windowed to multiples of 256 slots vs over all slots (`decode_window_speedup_at_cache_1024`).
+3. Multi-turn: B episodes of 8 turns (sample up to 32 tokens, append a 8-40 token tool
    result). `prefill_ratio` = tokens that entered the KV cache (prefilled + decoded) / unique
    tokens in the final sequences: 1.0 means nothing was ever recomputed. For comparison,
    re-running each conversation from scratch every turn (what `generate` on the whole
@@ -158,6 +160,23 @@ def main() -> None:
     best_hf = max((k for k in tps if k != "ours"), key=tps.get)
     compiled = eng.num_compiled()
 
+    # ---- decode windows: the same sampling with the agent jobs' 1024-slot cache ----
+    # Decode steps attend to the smallest multiple of `decode_window` slots that holds every
+    # row instead of all S; compared with windows off (one loop over all S), alternating.
+    window_times = {"window_256": [], "window_off": []}
+    window_engs = {name: SamplingEngine(model, SamplingConfig(
+        temperature=1.0, max_new_tokens=N, batch_size=B, cache_size=1024, prefill_buckets=(P,), seed=0,
+        decode_window=256 if name == "window_256" else 0)) for name in window_times}
+    for e in window_engs.values():
+        e.warmup()
+        ours_generate(e, prompts, 0)
+    for rep in range(args.repeats):
+        for name in (list(window_times) if rep % 2 == 0 else list(window_times)[::-1]):
+            t0 = time.perf_counter()
+            ours_generate(window_engs[name], prompts, 100 * rep)
+            window_times[name].append(time.perf_counter() - t0)
+    window_med = {k: float(np.median(v)) for k, v in window_times.items()}
+
     # ---- multi-turn prefill accounting ----
     mt_eng = SamplingEngine(model, SamplingConfig(
         temperature=1.0, max_new_tokens=TURN_TOKENS, batch_size=B, cache_size=1024,
@@ -175,6 +194,8 @@ def main() -> None:
         "median_seconds": med,
         "all_seconds": times,
         "multi_turn": mt,
+        "decode_window_speedup_at_cache_1024": window_med["window_off"] / window_med["window_256"],
+        "decode_window_median_seconds": window_med,
         "compiled_functions_after_runs": compiled,
         "logit_max_abs_diff_vs_hf": logit_err,
         "setup": {"batch": B, "prompt": P, "new_tokens": N, "repeats": args.repeats, "params": n_params,
@@ -191,6 +212,8 @@ def main() -> None:
     for name in tps:
         label = labels.get(name, f"transformers generate, {name.split('_')[-1]} thr")
         print(f"{label:34s} {med[name]:9.3f} {tps[name]:10.0f} {tps[name] / tps[best_hf]:7.2f}")
+    print(f"cache of 1024 slots: decode windows of 256 slots {window_med['window_256']:.3f} s, attending to all "
+          f"slots {window_med['window_off']:.3f} s ({window_med['window_off'] / window_med['window_256']:.2f}x)")
     print(f"{TURNS}-turn episodes, B={B}: cache tokens / unique tokens = {mt['prefill_ratio']:.3f} "
           f"(with bucket padding {mt['prefill_ratio_padded']:.3f}; re-running each conversation "
           f"{mt['prefill_ratio_rerun']:.3f})")

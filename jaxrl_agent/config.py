@@ -85,6 +85,11 @@ class SamplingConfig:
     """Allowed prefill chunk lengths; a chunk is padded up to the smallest bucket that fits."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""
+    decode_window: int = 256
+    """Decode steps attend to the first W, 2W, ... cache slots (the smallest multiple of W
+    past every live row's length) instead of all S, so attention costs what the episodes
+    hold, not what the cache could hold. Compiles one decode loop per multiple, ceil(S / W)
+    in all; 0 attends to all S slots in one loop."""
 
 
 # ---- trainer configs (trajectory.py, sharding.py, train_step.py, lora.py, checkpoint.py) ----

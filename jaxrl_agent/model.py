@@ -321,7 +321,8 @@ class CausalLM(nnx.Module):
         return kv_cache.init_cache(cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.head_dim, dtype,
                                    per_layer=self._unrolled())
 
-    def extend(self, tokens: jax.Array, cache: KVCache, valid: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    def extend(self, tokens: jax.Array, cache: KVCache, valid: jax.Array | None = None,
+               window: int | None = None) -> tuple[jax.Array, KVCache]:
         """Append a right-padded chunk to every row of the cache.
 
         Args:
@@ -330,6 +331,8 @@ class CausalLM(nnx.Module):
           cache: the current `KVCache`.
           valid: `[B, T]` 1 on real tokens, which must come first in each row (right padding);
             None means all valid. Rows with no valid token are left unchanged.
+          window: attend to cache slots `[0, window)` only (static; None = all S). The caller
+            guarantees every valid token's slot is below it; other rows get garbage outputs.
         Returns:
           (hidden `[B, T, D]` final normed states, the new cache with lengths advanced by the
           number of valid tokens per row).
@@ -339,7 +342,8 @@ class CausalLM(nnx.Module):
             valid = jnp.ones((b, t), jnp.int32)
         slots = kv_cache.append_slots(cache.lengths, t)  # [B, T]
         cos, sin = rope_tables(rope_inv_freq(self.config), slots)
-        mask = kv_cache.cached_attention_mask(slots, cache.capacity)  # [B, T, S]
+        w = cache.capacity if window is None else min(int(window), cache.capacity)
+        mask = kv_cache.cached_attention_mask(slots, w)  # [B, T, W]
 
         if cache.per_layer != self._unrolled():
             raise ValueError(
@@ -356,6 +360,8 @@ class CausalLM(nnx.Module):
             else:  # scanned: `layer` is traced, write into and read from the stacked arrays
                 ks, vs = kv_cache.write_slots(ks, slots, k, layer), kv_cache.write_slots(vs, slots, v, layer)
                 k_l, v_l = ks[layer], vs[layer]
+            if w < cache.capacity:
+                k_l, v_l = k_l[:, :, :w], v_l[:, :, :w]
             return self._finish_block(p, x, attention(q, k_l, v_l, mask, kv_heads_first=True)), ks, vs
 
         x, ks, vs = self._layers(body, (self._get("embed")[tokens], tuple(cache.k) if cache.per_layer else cache.k,
@@ -377,13 +383,15 @@ class CausalLM(nnx.Module):
         h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B, D]
         return self.logits_from_hidden(h_last), cache
 
-    def decode_step(self, token: jax.Array, cache: KVCache, active: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+    def decode_step(self, token: jax.Array, cache: KVCache, active: jax.Array | None = None,
+                    window: int | None = None) -> tuple[jax.Array, KVCache]:
         """One decoding step: int32 `[B]` tokens -> (float32 logits `[B, V]`, new cache).
 
-        `active` `[B]` (1 = append) lets finished rows stand still inside a `while_loop`.
+        `active` `[B]` (1 = append) lets finished rows stand still inside a `while_loop`;
+        `window` as in `extend` (every active row's length must be below it).
         """
         valid = None if active is None else active[:, None]
-        hidden, cache = self.extend(token[:, None], cache, valid)
+        hidden, cache = self.extend(token[:, None], cache, valid, window)
         return self.logits_from_hidden(hidden[:, 0]), cache
 
 

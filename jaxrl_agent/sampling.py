@@ -122,6 +122,14 @@ def select_tokens(logits: jax.Array, keys: jax.Array, config: SamplingConfig) ->
 # ---- prefill and the decode loop ----
 
 
+def decode_windows(capacity: int, granularity: int) -> tuple[int, ...]:
+    """The attention windows of the decode loops: W, 2W, ... below S, then S (W = granularity;
+    just S when W is 0 or at least S)."""
+    if granularity <= 0 or granularity >= capacity:
+        return (capacity,)
+    return tuple(range(granularity, capacity, granularity)) + (capacity,)
+
+
 def prefill(
     model: CausalLM, cache: KVCache, logits: jax.Array, tokens: jax.Array, valid: jax.Array, reset: jax.Array
 ) -> tuple[KVCache, jax.Array]:
@@ -160,8 +168,10 @@ def generate(
 
     Each step draws a token per live row from `logits`, records it, and feeds it through
     `model.decode_step`, so the cache holds every sampled token (the stop token included)
-    and the returned logits predict the token after it. A row stops after sampling one of its
-    stop ids or `max_new[b]` tokens; the loop ends when every row has stopped or after
+    and the returned logits predict the token after it. Steps attend only to the smallest
+    window of `decode_windows` holding every live row (masked slots past a row's length add
+    nothing to its softmax: a window changes logits only by the rounding of the reductions).
+    A row stops after sampling one of its stop ids or `max_new[b]` tokens; the loop ends when every row has stopped or after
     N = config.max_new_tokens steps. Finished and inactive rows stand still: their cache
     lengths and logits do not change.
 
@@ -179,11 +189,13 @@ def generate(
     """
     b, n = logits.shape[0], config.max_new_tokens
 
-    def cond(carry):
-        step, _, _, done, *_ = carry
-        return (step < n) & ~jnp.all(done)
+    def cond(carry, window):
+        step, cache, _, done, *_ = carry
+        # The next step writes slot lengths[b] of every live row: it must lie inside the window.
+        fits = jnp.max(jnp.where(done, 0, cache.lengths)) < window
+        return (step < n) & ~jnp.all(done) & fits
 
-    def body(carry):
+    def body(carry, window):
         step, cache, logits, done, num_new, stopped, out_tok, out_lp, out_slp = carry
         live = ~done  # [B]
         keys = row_keys(base_seed, episode_seeds, cache.lengths)
@@ -192,7 +204,7 @@ def generate(
         out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
         out_slp = out_slp.at[:, step].set(jnp.where(live, slp, 0.0))
         # Every sampled token enters the cache now, so the next turn can append right after it.
-        next_logits, cache = model.decode_step(jnp.where(live, tok, 0), cache, live.astype(jnp.int32))
+        next_logits, cache = model.decode_step(jnp.where(live, tok, 0), cache, live.astype(jnp.int32), window)
         logits = jnp.where(live[:, None], next_logits, logits)
         num_new = num_new + live.astype(jnp.int32)
         hit_stop = live & jnp.any(tok[:, None] == stop_ids, axis=1)
@@ -205,7 +217,12 @@ def generate(
         jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
         jnp.full((b, n), PAD_ID, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.float32),
     )
-    _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = jax.lax.while_loop(cond, body, init)
+    carry = init
+    # One loop per window, narrowest first: each runs until a live row outgrows its window (or
+    # the turn ends), then the next, wider one carries on; the last covers the whole cache.
+    for window in decode_windows(cache.capacity, config.decode_window):
+        carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=window), carry)
+    _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = carry
     out = TurnOutput(tokens=out_tok, logp=out_lp, sample_logp=out_slp, num_new=num_new, stopped=stopped)
     return out, cache, logits
 

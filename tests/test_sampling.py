@@ -18,9 +18,10 @@ CFG = ModelConfig(
     head_dim=8, rope_theta=1000.0, qkv_bias=True, qk_norm=True,
 )
 S = 64  # cache slots per row
+# decode_window 16: every test's episodes cross the windows 16, 32, 48, 64 of the decode loop.
 SAMPLE = SamplingConfig(
     temperature=0.9, top_k=40, top_p=0.95, max_new_tokens=8, batch_size=4, cache_size=S,
-    prefill_buckets=(8, 16, 32), seed=7,
+    prefill_buckets=(8, 16, 32), seed=7, decode_window=16,
 )
 GREEDY = dataclasses.replace(SAMPLE, temperature=0.0, top_k=0, top_p=1.0)
 
@@ -159,6 +160,25 @@ def test_row_independence(model, eng):
     one = _rollout(single, [ep], [99], [ep_obs])[0]
     for got in (batch, one):
         for (s0, ids0, lp0, slp0), (s1, ids1, lp1, slp1) in zip(ref, got):
+            assert (s0, ids0) == (s1, ids1)
+            np.testing.assert_allclose(lp0, lp1, atol=1e-5)
+            np.testing.assert_allclose(slp0, slp1, atol=1e-5)
+
+
+def test_decode_windows_change_no_token(model, eng):
+    """Windowed decoding (W = 16: four loops over S = 64) samples the same tokens, with the
+    same log-probs up to rounding, as attending to all S slots in one loop."""
+    from jaxrl_agent.sampling import decode_windows
+
+    assert decode_windows(64, 16) == (16, 32, 48, 64) and decode_windows(64, 0) == (64,)
+    assert decode_windows(64, 64) == (64,) and decode_windows(70, 32) == (32, 64, 70)
+    prompts = [_prompt(70, 3), _prompt(71, 15), _prompt(72, 30), _prompt(73, 9)]
+    obs = [[_prompt(80 + b, 7), _prompt(90 + b, 4)] for b in range(4)]
+    windowed = _rollout(eng, prompts, [5, 6, 7, 8], obs)
+    full = _rollout(SamplingEngine(model, dataclasses.replace(SAMPLE, decode_window=0)), prompts, [5, 6, 7, 8], obs)
+    assert max(len(eng.tokens(b)) for b in range(4)) > 48  # the last window was reached
+    for row_w, row_f in zip(windowed, full):
+        for (s0, ids0, lp0, slp0), (s1, ids1, lp1, slp1) in zip(row_w, row_f):
             assert (s0, ids0) == (s1, ids1)
             np.testing.assert_allclose(lp0, lp1, atol=1e-5)
             np.testing.assert_allclose(slp0, slp1, atol=1e-5)
