@@ -171,9 +171,9 @@ def generate(
     and the returned logits predict the token after it. Steps attend only to the smallest
     window of `decode_windows` holding every live row (masked slots past a row's length add
     nothing to its softmax: a window changes logits only by the rounding of the reductions).
-    A row stops after sampling one of its stop ids or `max_new[b]` tokens; the loop ends when every row has stopped or after
-    N = config.max_new_tokens steps. Finished and inactive rows stand still: their cache
-    lengths and logits do not change.
+    A row stops after sampling one of its stop ids or `max_new[b]` tokens; the loop ends
+    when every row has stopped or after N = config.max_new_tokens steps. Finished and
+    inactive rows stand still: their cache lengths and logits do not change.
 
     Args:
       model: the policy.
