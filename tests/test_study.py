@@ -12,7 +12,7 @@ from experiments.binary_search_rl.report import POLICIES
 TINY = ["--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
         "--rl.group_size=2", "--rl.mini_batches=1", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
         "--rl.require_signal=false", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
-        "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--model.num_layers=1",
+        "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--diagnose.tasks=2", "--model.num_layers=1",
         "--model.hidden_size=32", "--model.num_heads=2", "--model.num_kv_heads=1", "--model.intermediate_size=64"]
 
 
@@ -29,6 +29,12 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     assert summary["canonical"]["sft"]["n_episodes"] == 2
     assert summary["config"]["sft"]["steps"] == 2 and len(summary["git_commit"]) >= 7
     assert set(summary["targets"]) >= {"canonical_rl_pass1_at_least_0.95", "control_gain_at_most_0.05"}
+    diag = summary["diagnostics"]
+    assert diag["tasks"] == 2 and set(diag["per_policy"]) == {"pretrain", *POLICIES}
+    for per_tool in diag["per_policy"].values():
+        assert per_tool["all"]["turns"] >= 2 * 3  # read, run tests, submit at least, per episode
+        assert 0.0 <= per_tool["all"]["exact"] <= per_tool["all"]["token_accuracy"] <= 1.0
+    assert "teacher-forced" in (res / "results.md").read_text()
     for name in ("training_curves.png", "final_comparison.png", "trajectory_before_rl.html",
                  "trajectory_after_rl.md", "results.md"):
         assert (res / name).stat().st_size > 0, name
@@ -71,6 +77,45 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
         # the fix takes at most one edit per bug; every other edit is a copy exercise
         restores += sum('"str_replace"' in t for t, _ in tr.turns) - task.metadata["n_bugs"]
     assert restores > 0
+
+
+def test_turn_accuracy_scores_whole_turns_by_tool():
+    """An expert turn counts only when every one of its tokens is predicted; grouped by tool."""
+    import numpy as np
+
+    from jaxrl_agent.env.tool_calls import format_tool_call
+    from jaxrl_agent.tokenizer import load_tokenizer
+    from jaxrl_agent.trajectory import Episode
+    from experiments.binary_search_rl.diagnostics import turn_accuracy
+
+    tok = load_tokenizer()
+    ids, mask, turn = tok.encode("<|im_start|>user\nfix it<|im_end|>\n"), [], []
+    mask, turn = [0] * len(ids), [0] * len(ids)
+    calls = [("read_file", {"path": "a.py"}), ("str_replace", {"path": "a.py", "old": "x = 1", "new": "x = 2"}),
+             ("submit", {})]
+    for k, (name, args) in enumerate(calls):
+        call = tok.encode(format_tool_call(name, args))
+        obs = tok.encode("<|im_start|>user\nok<|im_end|>\n")
+        ids, mask, turn = ids + call + obs, mask + [1] * len(call) + [0] * len(obs), turn + [k] * (len(call) + len(obs))
+    ep = Episode(ids, mask, [0.0] * len(ids), turn)
+    target = np.array(ids[1:] + [0], np.int32)  # perfect next-token predictions
+
+    def perfect(x, m):
+        return np.broadcast_to(np.pad(target, (0, x.shape[1] - len(target))), x.shape)
+
+    wrong_at = next(t for t in range(len(ids)) if mask[t] and turn[t] == 1) + 3  # inside the str_replace turn
+
+    def one_wrong(x, m):
+        out = np.array(perfect(x, m))
+        out[:, wrong_at - 1] = (ids[wrong_at] + 1) % tok.vocab_size
+        return out
+
+    good = turn_accuracy([ep], perfect, tok.decode, max_len=256)
+    assert good["all"] == {"turns": 3, "exact": 1.0, "token_accuracy": 1.0}
+    bad = turn_accuracy([ep], one_wrong, tok.decode, max_len=256)
+    assert bad["str_replace"]["exact"] == 0.0 and bad["read_file"]["exact"] == bad["submit"]["exact"] == 1.0
+    n = sum(1 for t in range(len(ids)) if mask[t] and turn[t] == 1)
+    assert bad["str_replace"]["token_accuracy"] == (n - 1) / n
 
 
 def _fake_split(p1: float) -> dict:

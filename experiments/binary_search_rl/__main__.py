@@ -2,7 +2,8 @@
 
 Runs the whole study (see README.md here): edit drills (pretraining) and demonstrations -> SFT (all demos) and SFT
 (successful demos only) -> GRPO from SFT and the shuffled-reward control -> evaluation of the
-four policies on the canonical task, held-out instances and held-out templates -> summary.json,
+four policies on the canonical task, held-out instances and held-out templates, and their
+teacher-forced next-action accuracy on held-out expert episodes -> summary.json,
 plots and rendered trajectories in `results_dir`. Finished stages are reused from `work_dir`
 when their config is unchanged, so an interrupted study continues where it stopped.
 `--ship_demo_policy=true` also copies the SFT policy to jaxrl_agent/assets/demo_policy.
@@ -20,7 +21,7 @@ from jaxrl_agent.cli import apply_overrides
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.tokenizer import load_tokenizer
 
-from experiments.binary_search_rl import report, stages
+from experiments.binary_search_rl import diagnostics, report, stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
 
@@ -44,7 +45,12 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
         for pol in report.POLICIES:
             if done[pol]["policy"] is not None:  # None: RL refused to start (no signal)
                 evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox)
+        diagnosed = {pol: done[pol]["policy"] for pol in ("pretrain",) + report.POLICIES
+                     if pol in done and done[pol]["policy"] is not None}
+        diag = diagnostics.teacher_forced(cfg, diagnosed, sandbox)
     summary = report.build_summary(dataclasses.asdict(cfg), done, evals)
+    summary["diagnostics"] = diag
+    summary["seconds"]["diagnose"] = round(diag["seconds"], 1)
     summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)
     written = report.write_all(summary, evals, load_tokenizer(), cfg.results_dir)
     print(report.results_markdown(summary))

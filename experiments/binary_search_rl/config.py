@@ -97,6 +97,14 @@ class EvalStage:
 
 
 @dataclass(frozen=True)
+class DiagnosticStage:
+    """Teacher-forced next-action accuracy of every policy on expert episodes (diagnostics.py)."""
+
+    tasks: int = 32
+    """Fresh held-out instances (seed eval.seed + 200), one perfect expert episode each."""
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     """The whole study."""
 
@@ -105,6 +113,7 @@ class StudyConfig:
     sft: SFTStage = field(default_factory=SFTStage)
     rl: RLStage = field(default_factory=RLStage)
     eval: EvalStage = field(default_factory=EvalStage)
+    diagnose: DiagnosticStage = field(default_factory=DiagnosticStage)
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     seed: int = 0
     """Seed of the training tasks, expert choices, initialisation and sampling."""
@@ -129,6 +138,7 @@ GPU_PRESET = replace(
     rl=RLStage(iterations=100, tasks_per_iter=16, group_size=16, num_train_tasks=8000, eval_every=10,
                curve_tasks=64),
     eval=EvalStage(canonical_samples=400, heldout_instance_tasks=200, heldout_template_tasks=100, samples_per_task=4),
+    diagnose=DiagnosticStage(tasks=100),
     model=TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=768),
     sandbox_workers=8,
 )

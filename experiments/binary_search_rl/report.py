@@ -10,7 +10,8 @@ import os
 import subprocess
 
 POLICIES = ("sft", "sft_success_only", "rl", "control")
-LABELS = {"sft": "SFT (all demos)", "sft_success_only": "SFT (successful demos only)",
+LABELS = {"pretrain": "drilled base (no demos)", "sft": "SFT (all demos)",
+          "sft_success_only": "SFT (successful demos only)",
           "rl": "RL (GRPO from SFT)", "control": "control (shuffled rewards)"}
 SPLIT_LABELS = {"canonical": "canonical binary search", "heldout_instances": "held-out instances",
                 "heldout_templates": "held-out templates"}
@@ -180,7 +181,12 @@ def results_markdown(summary: dict) -> str:
     for name, t in summary["targets"].items():
         fig = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{v}" for k, v in t.items() if k != "met")
         tg.append(f"| {name} | {'yes' if t['met'] else 'no'} | {fig} |")
-    return "\n".join(rows + beh + tg) + "\n"
+    diag = []
+    if "diagnostics" in summary:
+        from experiments.binary_search_rl.diagnostics import diagnostics_markdown
+
+        diag = ["", diagnostics_markdown(summary["diagnostics"], LABELS).rstrip("\n")]
+    return "\n".join(rows + beh + tg + diag) + "\n"
 
 
 def write_all(summary: dict, evals: dict, tokenizer, out_dir: str) -> list[str]:

@@ -1,0 +1,132 @@
+"""Teacher-forced next-action accuracy: which of a policy's actions go wrong, tool by tool.
+
+Pass rates say how often a policy solves a task, not which of its actions fail. Here the
+scripted expert's perfect episodes on fresh held-out instances are fed to every policy
+(teacher forcing: each turn conditioned on the expert's history), and an expert turn counts
+as reproduced when the policy's argmax gives every one of its tokens: the tool and every
+argument. Grouped by tool, this separates the decisions (`list_files` or `read_file` first,
+when to run the tests, when to submit) from the copying and fixing inside `str_replace`,
+whose turns are ~40 tokens that must all be right. A measurement only: nothing is chosen
+with it, and its instances are disjoint from the evaluation's and the learning curve's.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_agent.demonstrations import collect_demonstrations
+from jaxrl_agent.env.tasks import generate_tasks
+from jaxrl_agent.pipelines import load_policy
+from jaxrl_agent.trajectory import Episode
+
+from experiments.binary_search_rl.config import StudyConfig
+
+SEED_OFFSET = 200
+"""Instances come from `heldout_instances` with seed `eval.seed + 200` (evaluation uses
+`eval.seed`, the learning curve `eval.seed + 100`)."""
+
+
+def expert_turns(episode: Episode, decode) -> list[tuple[str, list[int]]]:
+    """(tool name, token positions) of each policy turn of `episode`; `decode` maps ids to text.
+
+    A turn whose text holds no parseable tool call is named "?"."""
+    turns: dict[int, list[int]] = defaultdict(list)
+    for t in range(1, len(episode.ids)):
+        if episode.loss_mask[t]:
+            turns[episode.turn_id[t]].append(t)
+    out = []
+    for _, pos in sorted(turns.items()):
+        text = decode([episode.ids[p] for p in pos])
+        try:
+            name = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])["name"]
+        except (IndexError, ValueError, KeyError, TypeError):
+            name = "?"
+        out.append((name, pos))
+    return out
+
+
+def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024) -> dict:
+    """Per tool: expert turns, share reproduced exactly by `predict`, and token accuracy.
+
+    Args:
+      episodes: expert episodes (ids, loss_mask, turn_id).
+      predict: int32 `[B, T]` ids, int32 `[B, T]` mask -> int `[B, T]` argmax next-token ids.
+      decode: ids -> text (the tokenizer's).
+      max_len: T; turns reaching past it are not scored.
+    Returns:
+      {tool: {"turns", "exact", "token_accuracy"}} plus "all" over every turn.
+    """
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
+    for start in range(0, len(episodes), 8):
+        batch = episodes[start:start + 8]
+        ids = np.zeros((len(batch), max_len), np.int32)
+        mask = np.zeros((len(batch), max_len), np.int32)
+        for b, e in enumerate(batch):
+            n = min(len(e.ids), max_len)
+            ids[b, :n], mask[b, :n] = e.ids[:n], 1
+        pred = np.asarray(predict(ids, mask))
+        for b, e in enumerate(batch):
+            for name, pos in expert_turns(e, decode):
+                if pos[-1] >= max_len:
+                    continue
+                right = [int(pred[b, p - 1]) == e.ids[p] for p in pos]
+                for key in (name, "all"):
+                    c = counts[key]
+                    c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(right), c[2] + len(right), c[3] + sum(right)
+    return {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2]} for k, c in counts.items()}
+
+
+def _predictor(policy_dir: str):
+    model, tok = load_policy(policy_dir)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def argmax_next(state, ids, mask):
+        m = nnx.merge(graphdef, state)
+        pos = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+        return jnp.argmax(m(ids, pos, mask), axis=-1)
+
+    return (lambda ids, mask: argmax_next(state, ids, mask)), tok.decode
+
+
+def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox, demos_fn=collect_demonstrations) -> dict:
+    """`turn_accuracy` of each policy (name -> policy dir) on `cfg.diagnose.tasks` expert
+    episodes; cached under `<work_dir>/diagnose` like the other stages."""
+    from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, finish, tools_config
+
+    stamp = {"diagnose": asdict(cfg.diagnose), "eval_seed": cfg.eval.seed, "test_timeout_s": cfg.test_timeout_s,
+             "policies": {name: [path, _policy_mtime(path)] for name, path in policies.items()}}
+    done = cached(cfg, "diagnose", stamp)
+    if done is not None:
+        return done
+    t0 = time.time()
+    tasks = generate_tasks("heldout_instances", cfg.diagnose.tasks, cfg.eval.seed + SEED_OFFSET)
+    episodes = demos_fn(tasks, sandbox, chat_format(), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
+                        tool_cfg=tools_config(cfg))
+    result: dict = {"tasks": len(tasks), "expert_success": sum(e.reward >= 1 for e in episodes) / len(episodes),
+                    "per_policy": {}}
+    for name, path in policies.items():
+        predict, decode = _predictor(path)
+        result["per_policy"][name] = turn_accuracy(episodes, predict, decode)
+    result["seconds"] = time.time() - t0
+    return finish(cfg, "diagnose", stamp, result)
+
+
+def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
+    """The table of `teacher_forced`'s result: exact-turn share (token accuracy) per tool."""
+    tools = ["list_files", "read_file", "str_replace", "run_tests", "submit", "all"]
+    rows = ["| policy (teacher-forced, " + f"{diag['tasks']} held-out expert episodes) | "
+            + " | ".join(f"`{t}`" if t != "all" else "all turns" for t in tools) + " |",
+            "|---" * (len(tools) + 1) + "|"]
+    for name, per_tool in diag["per_policy"].items():
+        cells = [f"{per_tool[t]['exact']:.2f} ({per_tool[t]['token_accuracy']:.3f})" if t in per_tool else "-"
+                 for t in tools]
+        rows.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
