@@ -32,7 +32,7 @@ class PretrainStage:
     """Distinct drill instances (generated with seed + 100, disjoint from the demonstrations)."""
     extra_edits: int = 2
     """Change-and-restore copies of other lines per drill, besides the fix."""
-    steps: int = 1200
+    steps: int = 2000
     """Optimizer steps."""
     batch_size: int = 8
     """Episodes per step."""
@@ -65,7 +65,7 @@ class RLStage:
     """Training tasks per iteration."""
     group_size: int = 8
     """Episodes per task (the GRPO group)."""
-    learning_rate: float = 1e-4
+    learning_rate: float = 2e-4
     """AdamW learning rate (constant)."""
     mini_batches: int = 4
     """Optimizer updates per rollout batch (group advantages are computed once over the
