@@ -262,6 +262,11 @@ class RLConfig:
     """Held-out tasks per evaluation."""
     eval_samples: int = 4
     """Episodes per held-out task (pass@k uses k = this)."""
+    train_file: str = ""
+    """JSONL task file (`env.tasks.save_tasks` format) to train on instead of `train_split` /
+    `num_train_tasks`; every task is checked in the sandbox first (`verifier.check_task`)."""
+    eval_file: str = ""
+    """JSONL task file evaluated instead of `eval_split` / `eval_tasks` (checked the same way)."""
     eval_every: int = 10
     """Evaluate every this many iterations (0: only before and after)."""
     shuffle_rewards: bool = False

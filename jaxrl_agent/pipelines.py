@@ -124,6 +124,9 @@ class EvalConfig:
     """Episodes per task (pass@k with k = samples)."""
     seed: int = 1
     """Task generation and sampling seed."""
+    task_file: str = ""
+    """JSONL task file (`env.tasks.save_tasks` format) evaluated instead of `split` /
+    `num_tasks`; every task is checked in the sandbox first (`verifier.check_task`)."""
     out: str = "runs/eval.json"
     """Where the JSON summary goes."""
 
@@ -147,7 +150,12 @@ def load_policy(path: str):
     return model, load_tokenizer()
 
 
-def eval_tasks_for(cfg: EvalConfig):
+def eval_tasks_for(cfg: EvalConfig, sandbox=None):
+    """The tasks `cfg` names: its task file (checked in `sandbox`) or a generated split."""
+    if cfg.task_file:
+        from jaxrl_agent.env.verifier import load_checked_tasks
+
+        return load_checked_tasks(cfg.task_file, sandbox)
     if cfg.split == "canonical":
         return [binary_search_task()]
     return generate_tasks(cfg.split, cfg.num_tasks, cfg.seed)
@@ -209,15 +217,15 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
     engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids),
                                            cache_size=cfg.rollout.max_total_tokens))
     with Sandbox(num_workers=2) as sandbox:
-        summary, _ = evaluate(eval_tasks_for(cfg.eval), engine, chat, sandbox, cfg.rollout, cfg.tools, cfg.eval.samples,
+        summary, _ = evaluate(eval_tasks_for(cfg.eval, sandbox), engine, chat, sandbox, cfg.rollout, cfg.tools, cfg.eval.samples,
                               seed=cfg.eval.seed, show_progress=show_progress)
-    summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.split
+    summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.task_file or cfg.eval.split
     os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.out)), exist_ok=True)
     with open(cfg.eval.out, "w") as f:
         json.dump(summary, f, indent=2)
     if show_progress:
         k = cfg.eval.samples
-        print(f"{cfg.eval.split}: pass@1 {summary['pass1']:.3f} [{summary['pass1_ci_low']:.3f}, "
+        print(f"{cfg.eval.task_file or cfg.eval.split}: pass@1 {summary['pass1']:.3f} [{summary['pass1_ci_low']:.3f}, "
               f"{summary['pass1_ci_high']:.3f}]  pass@{k} {summary.get(f'pass{k}', float('nan')):.3f}  -> {cfg.eval.out}")
     return summary
 

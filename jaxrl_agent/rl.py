@@ -35,7 +35,7 @@ from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLC
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
-from jaxrl_agent.env.verifier import verify
+from jaxrl_agent.env.verifier import load_checked_tasks, verify
 from jaxrl_agent.evaluation import summarize_episodes
 from jaxrl_agent.loss_registry import LOSSES
 from jaxrl_agent.metrics import MetricsLogger, Timer, progress_bar
@@ -118,6 +118,12 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                        prefill_buckets=tuple(b for b in sampling.prefill_buckets if b <= cache) or (cache,))
     if max(traj.buckets) < rollout.max_total_tokens:
         traj = replace(traj, buckets=(*traj.buckets, rollout.max_total_tokens))
+    if (train_tasks is None and rl.train_file) or (eval_tasks is None and rl.eval_file):
+        with Sandbox(num_workers=rl.sandbox_workers) as sandbox:  # foreign tasks: checked before anything runs
+            if train_tasks is None and rl.train_file:
+                train_tasks = load_checked_tasks(rl.train_file, sandbox)
+            if eval_tasks is None and rl.eval_file:
+                eval_tasks = load_checked_tasks(rl.eval_file, sandbox)
     train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
     eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
     ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)

@@ -8,11 +8,11 @@ import pytest
 
 from jaxrl_agent.env import jail
 from jaxrl_agent.env.sandbox import Sandbox
-from jaxrl_agent.env.tasks import (binary_search_task, generate_tasks, make_instance,
-                                   task_from_dict)
+from jaxrl_agent.env.tasks import (TaskFormatError, binary_search_task, generate_tasks, make_instance,
+                                   save_tasks, task_from_dict)
 from jaxrl_agent.env.templates import TEMPLATES
 from jaxrl_agent.env.tools import create_workspaces
-from jaxrl_agent.env.verifier import check_task, verify
+from jaxrl_agent.env.verifier import check_task, load_checked_tasks, verify
 
 TASK = binary_search_task()
 SRC = "bsearch.py"
@@ -252,6 +252,23 @@ def test_check_task_for_user_tasks(sb):
     assert "already pass" in check_task(solved, sb)[0]
     broken = dataclasses.replace(TASK, task_id="broken", reference_files=dict(TASK.files))
     assert "reference solution does not pass" in check_task(broken, sb)[0]
+
+
+def test_task_files_are_loaded_and_checked(sb, tmp_path):
+    """What `--rl.train_file` / `--eval.task_file` read: good tasks come back; a missing or
+    empty file, and a task whose reward cannot be trusted, are clear errors naming the cause."""
+    good = str(tmp_path / "good.jsonl")
+    save_tasks(good, [TASK])
+    assert [t.task_id for t in load_checked_tasks(good, sb)] == [TASK.task_id]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_checked_tasks(str(tmp_path / "missing.jsonl"), sb)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(TaskFormatError, match="no tasks"):
+        load_checked_tasks(str(tmp_path / "empty.jsonl"), sb)
+    bad = str(tmp_path / "bad.jsonl")
+    save_tasks(bad, [TASK, dataclasses.replace(TASK, task_id="solved", files=dict(TASK.reference_files))])
+    with pytest.raises(TaskFormatError, match="(?s)1 problem.*task solved: the buggy files already pass"):
+        load_checked_tasks(bad, sb)
 
 
 USER_HIDDEN = """import pytest

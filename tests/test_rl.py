@@ -137,21 +137,27 @@ def test_no_signal_refuses_to_train(tok, tmp_path):
 
 
 def test_eval_and_export_commands(sft_model, tok, tmp_path):
-    """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint."""
+    """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint; the
+    eval job and the run's held-out evaluation read their tasks from a JSONL task file."""
     from jaxrl_agent import hf
+    from jaxrl_agent.env.tasks import binary_search_task, save_tasks
     from jaxrl_agent.pipelines import (EvalConfig, EvalRunConfig, ExportConfig, ExportRunConfig, PolicyConfig,
                                        run_eval_job, run_export_job)
 
     policy = str(tmp_path / "policy")
     hf.save_pretrained(sft_model, sft_model.config, policy)
+    task_file = str(tmp_path / "tasks.jsonl")
+    save_tasks(task_file, [binary_search_task()])
     out = str(tmp_path / "eval.json")
-    summary = run_eval_job(EvalRunConfig(policy=PolicyConfig(policy), eval=EvalConfig(split="canonical", samples=2, out=out),
+    summary = run_eval_job(EvalRunConfig(policy=PolicyConfig(policy), eval=EvalConfig(task_file=task_file, samples=2, out=out),
                                          rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)
-    assert json.load(open(out))["n_episodes"] == 2 and 0.0 <= summary["pass1"] <= 1.0
+    saved = json.load(open(out))
+    assert saved["n_episodes"] == 2 and saved["split"] == task_file and 0.0 <= summary["pass1"] <= 1.0
     run_dir = str(tmp_path / "run")
-    train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=1), rollout=ROLLOUT, sampling=SAMPLING,
-             train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
-             eval_tasks=TASKS[:1], show_progress=False)
+    res = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=1, eval_file=task_file, eval_samples=1),
+                   rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+                   tools=TOOLS, traj=TRAJ, train_tasks=TASKS, show_progress=False)
+    assert res["before"]["n_tasks"] == 1 and res["before"]["n_episodes"] == 1  # the file's one task
     exported = str(tmp_path / "exported")
     run_export_job(ExportRunConfig(policy=PolicyConfig(policy), export=ExportConfig(run_dir=run_dir, out=exported),
                                    optim=OptimConfig(learning_rate=1e-3)), show_progress=False)

@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass, field
 
 from jaxrl_agent.env.sandbox import RunResult, Sandbox
-from jaxrl_agent.env.tasks import Task
+from jaxrl_agent.env.tasks import Task, TaskFormatError, load_tasks
 
 
 @dataclass
@@ -194,3 +194,22 @@ def check_task(task: Task, sandbox: Sandbox) -> list[str]:
         if not problems and verify(task, ws, sandbox).reward > 0:
             problems.append(f"task {task.task_id}: the buggy files already pass the hidden tests")
     return problems
+
+
+def load_checked_tasks(path: str, sandbox: Sandbox) -> list[Task]:
+    """Tasks from a JSONL file (`tasks.save_tasks` format), each checked with `check_task`.
+
+    Raises FileNotFoundError for a missing file and `TaskFormatError` (a ValueError) for an
+    empty file, a malformed line (naming it) or tasks that fail the check (listing them), so
+    a run never starts on tasks whose reward cannot be trusted.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"task file {path!r} does not exist (write one with jaxrl_agent.env.tasks.save_tasks)")
+    tasks = load_tasks(path)
+    if not tasks:
+        raise TaskFormatError(f"{path}: no tasks in the file")
+    problems = [p for task in tasks for p in check_task(task, sandbox)]
+    if problems:
+        shown = "\n  ".join(problems[:10]) + (f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else "")
+        raise TaskFormatError(f"{path}: {len(problems)} problem(s) with its tasks:\n  {shown}")
+    return tasks
