@@ -126,6 +126,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 eval_tasks = load_checked_tasks(rl.eval_file, sandbox)
     train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
     eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
+    if not 1 <= rl.tasks_per_iter <= len(train_tasks):
+        raise ValueError(f"rl.tasks_per_iter={rl.tasks_per_iter} must be in [1, {len(train_tasks)}], the number of "
+                         f"training tasks{f' in {rl.train_file}' if rl.train_file else ''}")
     ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)
     mult = math.lcm(traj.batch_multiple, sh.batch_size_multiple(ts.mesh))
     if not traj.row_buckets:  # one row count per run (dropped episodes become padding rows): one compile

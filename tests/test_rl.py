@@ -136,6 +136,13 @@ def test_no_signal_refuses_to_train(tok, tmp_path):
                  eval_tasks=TASKS[:1], show_progress=False)
 
 
+def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):
+    with pytest.raises(ValueError, match="tasks_per_iter=5 must be in \\[1, 4\\]"):
+        train_rl(sft_model, tok, rl=rl_config(tmp_path, tasks_per_iter=5), rollout=ROLLOUT, sampling=SAMPLING,
+                 train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
+                 eval_tasks=TASKS[:1], show_progress=False)
+
+
 def test_eval_and_export_commands(sft_model, tok, tmp_path):
     """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint; the
     eval job and the run's held-out evaluation read their tasks from a JSONL task file."""
