@@ -57,10 +57,6 @@ class KVCache:
         """S, the number of slots per row."""
         return (self.k[0] if self.per_layer else self.k).shape[-2]
 
-    def layer_kv(self, layer: int) -> tuple[jax.Array, jax.Array]:
-        """Layer `layer`'s keys and values, `[B, K, S, Dh]` each (for tests and inspection)."""
-        return self.k[layer], self.v[layer]
-
 
 def init_cache(
     num_layers: int, batch_size: int, max_len: int, num_kv_heads: int, head_dim: int,
