@@ -7,7 +7,7 @@ distribution from the final hidden states `[B, T, D]` and the unembedding `[V, D
 Qwen2.5-0.5B-sized trainer holds them):
   naive   — `log_softmax(hidden @ W.T)` over the whole `[B, T, V]` float32 logits, then a
             gather: what one writes by default;
-  chunked — `model.token_logprobs_and_entropy` (lax.map over chunks of `chunk_size`
+  chunked — `logprobs.token_logprobs_and_entropy` (lax.map over chunks of `chunk_size`
             positions of every row, i.e. [B, chunk, V] logits at a time, each chunk
             rematerialised in the backward pass).
 Memory is XLA's compiled memory analysis of the jitted function (arguments + outputs +
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrl_agent.model import token_logprobs_and_entropy  # noqa: E402
+from jaxrl_agent.logprobs import token_logprobs_and_entropy  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "logprob_memory.json")
 

@@ -11,9 +11,9 @@ Two storage forms, matching how the model runs its layers. A model whose layers 
 (shallow, CPU) keeps one array per layer, so each layer's attention multiplies its own buffer
 in place; a model that scans its layers (deep) keeps one stacked array, which the scan slices
 per layer. Heads come before slots because `[B, K, S, Dh]` is the layout attention multiplies
-in. Both choices come from profiling a decode step of the sampling benchmark on CPU: with
-`[L, B, S, K, Dh]`, transposing each layer's cache took 22% of the step, and with a stacked
-`[L, B, K, S, Dh]` the per-layer slice copies took 17%.
+in. Both choices keep XLA:CPU from copying the cache every decode step: slots first, it
+transposed each layer's cache before attention; stacked and unrolled, it copied each layer's
+slice out of the stack.
 
 Rows are compact: row b holds its tokens in slots `0 .. lengths[b] - 1` and the token in slot
 s has RoPE position s. Appending `n` tokens to a row writes slots `lengths[b] .. lengths[b] + n

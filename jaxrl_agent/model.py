@@ -11,9 +11,8 @@ depth (`ModelConfig.unroll_layers`). Every parameter carries logical axis names 
 only `sharding.py` maps them to mesh axes.
 
 Numerics follow `transformers`: norms, softmax and logits in float32, everything else in the
-parameter dtype. The per-token log-prob / entropy path (`token_logprobs_and_entropy`) is
-chunked so no `[B, T, V]` float32 log-softmax exists; the sampler and the trainer share
-`logp_and_entropy_from_logits` for the final step, so their log-probs agree.
+parameter dtype. The per-token log-prob / entropy kernels are in `logprobs.py` (re-exported
+here): `policy_outputs` scores a batch through them without a `[B, T, V]` log-softmax.
 
 Dims: B batch, T tokens, S cache slots, D model, H heads, K kv heads, Dh head dim, F MLP, V vocab.
 """
@@ -28,7 +27,11 @@ from flax import nnx
 from jaxrl_agent import kv_cache
 from jaxrl_agent.kv_cache import KVCache
 from jaxrl_agent.layers import apply_rope, attention, dense, lead_axes, rms_norm, rope_inv_freq, rope_tables
+# The log-prob kernels live in logprobs.py (pure functions of logits / hidden states); re-exported.
+from jaxrl_agent.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
 from jaxrl_agent.structs import PolicyOutputs
+
+__all__ = ["ModelConfig", "CausalLM", "policy_outputs", "logp_and_entropy_from_logits", "token_logprobs_and_entropy"]
 
 
 @dataclass(frozen=True)
@@ -86,71 +89,6 @@ class ModelConfig:
     """Recorded in the exported config."""
     eos_token_id: int | tuple[int, ...] | None = None
     """Recorded in the exported config (generation stops on these)."""
-
-
-# ---- pure helpers --------------------------------------------------------------------------
-
-
-def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Log-prob of `targets` and entropy of softmax(logits), in float32.
-
-    Args: logits `[..., V]`, targets int `[...]`. Returns (logp `[...]`, entropy `[...]`).
-    The one numerics path shared by the sampler (per decode step) and the trainer (per chunk).
-    """
-    logits = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    probs = jnp.exp(logits - lse[..., None])
-    entropy = lse - jnp.sum(probs * logits, axis=-1)
-    return picked - lse, entropy
-
-
-def token_logprobs_and_entropy(
-    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 64
-) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-probs and entropies without a `[B, T, V]` float32 log-softmax.
-
-    `logp[:, t] = log p(tokens[:, t] | tokens[:, :t])` is read from the logits of position
-    t - 1, so `logp[:, 0] = 0`; `entropy[:, t]` is the entropy of that same distribution
-    (`entropy[:, 0] = 0`). The sequence axis is cut into chunks of `chunk_size` positions and
-    `lax.map` walks over them; each `[B, chunk, V]` block of logits is `jax.checkpoint`ed, so
-    the backward pass recomputes it instead of storing it. Peak memory is
-    O(B * chunk_size * V) instead of O(B * T * V). Chunks run over T, never over B, so a
-    batch sharded over data-parallel devices stays sharded inside every chunk.
-
-    Args:
-      hidden: `[B, T, D]` final (normed) hidden states, `CausalLM.hidden_states`.
-      unembedding: `[V, D]` output embedding, `CausalLM.unembedding()`.
-      tokens: int32 `[B, T]`.
-      chunk_size: positions of each row per chunk (static); T is padded up to a multiple.
-    Returns:
-      (logp, entropy), both float32 `[B, T]`.
-    """
-    if hidden.ndim != 3 or tokens.shape != hidden.shape[:2]:
-        raise ValueError(f"hidden {hidden.shape} must be [B, T, D] with tokens {tokens.shape} == [B, T]")
-    if unembedding.ndim != 2 or unembedding.shape[1] != hidden.shape[2]:
-        raise ValueError(f"unembedding {unembedding.shape} must be [V, D={hidden.shape[2]}]")
-    b, t, d = hidden.shape
-    c = max(1, min(chunk_size, t))
-    n = -(-t // c)  # number of chunks
-    # targets[:, t] is the token that position t predicts; the last position predicts nothing.
-    targets = jnp.concatenate([tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1)
-    h = jnp.pad(hidden, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d).transpose(1, 0, 2, 3)  # [n, B, C, D]
-    y = jnp.pad(targets, ((0, 0), (0, n * c - t))).reshape(b, n, c).transpose(1, 0, 2)  # [n, B, C]
-
-    @jax.checkpoint
-    def chunk(h_c, y_c):
-        logits = jnp.einsum("bcd,vd->bcv", h_c, unembedding, preferred_element_type=jnp.float32)
-        return logp_and_entropy_from_logits(logits, y_c)
-
-    lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))  # [n, B, C] each
-
-    def unchunk(x):
-        return x.transpose(1, 0, 2).reshape(b, n * c)[:, :t]
-
-    lp, ent = unchunk(lp), unchunk(ent)
-    zero = jnp.zeros((b, 1), jnp.float32)
-    return jnp.concatenate([zero, lp[:, :-1]], 1), jnp.concatenate([zero, ent[:, :-1]], 1)
 
 
 # ---- the module ----------------------------------------------------------------------------
@@ -364,8 +302,7 @@ class CausalLM(nnx.Module):
                 k_l, v_l = k_l[:, :, :w], v_l[:, :, :w]
             return self._finish_block(p, x, attention(q, k_l, v_l, mask, kv_heads_first=True)), ks, vs
 
-        x, ks, vs = self._layers(body, (self._get("embed")[tokens], tuple(cache.k) if cache.per_layer else cache.k,
-                                        tuple(cache.v) if cache.per_layer else cache.v), hoist=True)
+        x, ks, vs = self._layers(body, (self._get("embed")[tokens], cache.k, cache.v), hoist=True)
         hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
         lengths = cache.lengths + jnp.sum(valid > 0, axis=1, dtype=jnp.int32)
         return hidden, KVCache(k=ks, v=vs, lengths=lengths)

@@ -19,7 +19,7 @@ with `fold_in(fold_in(key(base_seed), episode_seed[b]), p)`. A row's tokens ther
 depend on its batch index, on the other rows, or on how its episode was split into turns.
 
 Log-probs: `logp` is the policy's log-prob of the sampled token (temperature 1, no truncation),
-computed by `model.logp_and_entropy_from_logits`, the function the trainer uses, so it equals
+computed by `logprobs.logp_and_entropy_from_logits`, the function the trainer uses, so it equals
 the trainer's `logp` on the final sequence. `sample_logp` is the log-prob under the
 distribution actually sampled from (temperature, top-k, top-p; 0 for greedy).
 
@@ -35,7 +35,8 @@ from flax import nnx, struct
 
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.kv_cache import KVCache
-from jaxrl_agent.model import CausalLM, logp_and_entropy_from_logits
+from jaxrl_agent.logprobs import logp_and_entropy_from_logits
+from jaxrl_agent.model import CausalLM
 
 _FILTERED = -1e30  # logit of a token removed by top-k / top-p (finite: no inf - inf NaNs)
 PAD_ID = -1  # token id written to output slots past a row's last sampled token

@@ -27,6 +27,7 @@ from jaxrl_agent.pipelines import load_policy
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
+from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, finish, tools_config
 
 SEED_OFFSET = 200
 """Instances come from `heldout_instances` with seed `eval.seed + 200` (evaluation uses
@@ -96,11 +97,9 @@ def _predictor(policy_dir: str):
     return (lambda ids, mask: argmax_next(state, ids, mask)), tok.decode
 
 
-def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox, demos_fn=collect_demonstrations) -> dict:
+def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
     """`turn_accuracy` of each policy (name -> policy dir) on `cfg.diagnose.tasks` expert
     episodes; cached under `<work_dir>/diagnose` like the other stages."""
-    from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, finish, tools_config
-
     stamp = {"diagnose": asdict(cfg.diagnose), "eval_seed": cfg.eval.seed, "test_timeout_s": cfg.test_timeout_s,
              "policies": {name: [path, _policy_mtime(path)] for name, path in policies.items()}}
     done = cached(cfg, "diagnose", stamp)
@@ -108,7 +107,7 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox, demos_fn
         return done
     t0 = time.time()
     tasks = generate_tasks("heldout_instances", cfg.diagnose.tasks, cfg.eval.seed + SEED_OFFSET)
-    episodes = demos_fn(tasks, sandbox, chat_format(), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
+    episodes = collect_demonstrations(tasks, sandbox, chat_format(), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
                         tool_cfg=tools_config(cfg))
     result: dict = {"tasks": len(tasks), "expert_success": sum(e.reward >= 1 for e in episodes) / len(episodes),
                     "per_policy": {}}

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 
+from experiments.binary_search_rl.diagnostics import diagnostics_markdown
+
 POLICIES = ("sft", "sft_success_only", "rl", "control")
 LABELS = {"pretrain": "drilled base (no demos)", "sft": "SFT (all demos)",
           "sft_success_only": "SFT (successful demos only)",
@@ -183,8 +185,6 @@ def results_markdown(summary: dict) -> str:
         tg.append(f"| {name} | {'yes' if t['met'] else 'no'} | {fig} |")
     diag = []
     if "diagnostics" in summary:
-        from experiments.binary_search_rl.diagnostics import diagnostics_markdown
-
         diag = ["", diagnostics_markdown(summary["diagnostics"], LABELS).rstrip("\n")]
     return "\n".join(rows + beh + tg + diag) + "\n"
 
