@@ -1,0 +1,87 @@
+"""Where a decode step's time goes: a JAX profiler trace of the sampling benchmark's decode loop.
+
+    python benchmarks/profile_decode.py [--batch 16] [--prompt 128] [--new 256]
+
+Same model and setting as bench_sampling.py (tiny random Qwen2, temperature 1). One warm turn
+is timed, then one is traced; the trace's XLA:CPU kernel runs are counted per decode step and
+grouped by kind (matmuls, transposes, copies, ...). Prints a table and writes
+benchmarks/results/decode_profile.json. This explains the sampler's figure; it is not itself
+a comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from bench_sampling import VOCAB, make_checkpoint, ours_generate
+from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent.hf import load_pretrained
+from jaxrl_agent.sampling_engine import SamplingEngine
+
+_HOST_EVENTS = ("$", "Thunk", "np.", "Slinky", "Pjit", "end:")  # Python frames and runtime bookkeeping
+
+
+def kernel_runs(trace_dir: str) -> list[tuple[str, float]]:
+    """(kernel kind, microseconds) of every XLA kernel run in the trace under `trace_dir`."""
+    path = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))[-1]
+    events = json.load(gzip.open(path))["traceEvents"]
+    return [(re.sub(r"[.\d]+$", "", e["name"]), float(e.get("dur", 0.0))) for e in events
+            if e.get("ph") == "X" and e.get("name") and not e["name"].startswith(_HOST_EVENTS)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "decode_profile.json"))
+    args = ap.parse_args()
+    B, P, N = args.batch, args.prompt, args.new
+    tmp = tempfile.mkdtemp()
+    make_checkpoint(tmp)
+    model, _ = load_pretrained(tmp)
+    eng = SamplingEngine(model, SamplingConfig(temperature=1.0, max_new_tokens=N, batch_size=B, cache_size=P + N,
+                                               prefill_buckets=(P,), seed=0))
+    prompts = np.random.default_rng(0).integers(0, VOCAB, (B, P))
+    eng.warmup()
+    ours_generate(eng, prompts, 0)
+    t0 = time.perf_counter()
+    ours_generate(eng, prompts, 1)
+    step_ms = 1000 * (time.perf_counter() - t0) / N
+    trace_dir = tempfile.mkdtemp()
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+    ours_generate(eng, prompts, 2)
+    jax.profiler.stop_trace()
+    runs = kernel_runs(trace_dir)
+    by_kind: dict[str, list[float]] = collections.defaultdict(list)
+    for kind, us in runs:
+        by_kind[kind].append(us)
+    total = sum(us for _, us in runs)
+    result = {
+        "ms_per_decode_step": step_ms, "kernel_runs_per_step": len(runs) / N,
+        "mean_kernel_us": total / max(1, len(runs)),
+        "by_kind": {k: {"share": sum(v) / total, "runs_per_step": len(v) / N}
+                    for k, v in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))},
+        "setup": {"batch": B, "prompt": P, "new_tokens": N, "jax": jax.__version__},
+    }
+    print(f"decode step: {step_ms:.2f} ms (untraced), {result['kernel_runs_per_step']:.0f} kernel runs per step, "
+          f"{result['mean_kernel_us']:.1f} us each on average (traced)")
+    print(f"{'kernel kind':28s} {'share':>7s} {'runs/step':>10s}")
+    for kind, row in list(result["by_kind"].items())[:12]:
+        print(f"{kind:28s} {100 * row['share']:6.1f}% {row['runs_per_step']:10.1f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
