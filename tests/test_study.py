@@ -111,7 +111,8 @@ def test_turn_accuracy_scores_whole_turns_by_tool():
         return out
 
     good = turn_accuracy([ep], perfect, tok.decode, max_len=256)
-    assert good["all"] == {"turns": 3, "exact": 1.0, "token_accuracy": 1.0}
+    n_policy = sum(mask)
+    assert good["all"] == {"turns": 3, "exact": 1.0, "token_accuracy": 1.0, "tokens_per_turn": n_policy / 3}
     bad = turn_accuracy([ep], one_wrong, tok.decode, max_len=256)
     assert bad["str_replace"]["exact"] == 0.0 and bad["read_file"]["exact"] == bad["submit"]["exact"] == 1.0
     n = sum(1 for t in range(len(ids)) if mask[t] and turn[t] == 1)

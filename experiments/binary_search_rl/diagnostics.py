@@ -62,7 +62,7 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024)
       decode: ids -> text (the tokenizer's).
       max_len: T; turns reaching past it are not scored.
     Returns:
-      {tool: {"turns", "exact", "token_accuracy"}} plus "all" over every turn.
+      {tool: {"turns", "exact", "token_accuracy", "tokens_per_turn"}} plus "all" over every turn.
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
     for start in range(0, len(episodes), 8):
@@ -81,7 +81,8 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024)
                 for key in (name, "all"):
                     c = counts[key]
                     c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(right), c[2] + len(right), c[3] + sum(right)
-    return {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2]} for k, c in counts.items()}
+    return {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2], "tokens_per_turn": c[2] / c[0]}
+            for k, c in counts.items()}
 
 
 def _predictor(policy_dir: str):
