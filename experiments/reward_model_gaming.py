@@ -127,7 +127,7 @@ def run(args) -> dict:
                                                         total_steps=args.sft_steps, min_lr_ratio=0.1),
                                   traj_cfg=TRAJ, num_steps=args.sft_steps, batch_size=16, seed=args.seed)
         policy = policy_for_engine(ts, state)
-        hf.save_pretrained(policy, policy.config, sft_dir)
+        hf.save_pretrained(policy, policy.config, sft_dir, tokenizer=tok)
         out["sft"] = {"demos": len(demos), "final_nll": hist[-1]["loss"], "seconds": time.time() - t0}
         print(f"SFT: nll {hist[0]['loss']:.3f} -> {hist[-1]['loss']:.3f}  ({time.time() - t0:.0f}s)", flush=True)
 

@@ -117,10 +117,12 @@ class Checkpointer:
 
 
 # ---- export ----
-def export_hf(train_step, state, model_config, path: str) -> None:
+def export_hf(train_step, state, model_config, path: str, tokenizer=None) -> None:
     """Write the current policy (LoRA merged into its base) as an HF checkpoint directory.
 
     Args: train_step: the `TrainStep` the state belongs to; state: its `TrainState`;
-      model_config: the `ModelConfig`; path: output directory (`transformers` loads it).
+      model_config: the `ModelConfig`; path: output directory (`transformers` loads it);
+      tokenizer: written beside the weights when given (see `hf.save_pretrained`).
     """
-    hf.save_pretrained(train_step.to_model(train_step.host_policy_params(state)), model_config, path)
+    hf.save_pretrained(train_step.to_model(train_step.host_policy_params(state)), model_config, path,
+                       tokenizer=tokenizer)

@@ -269,14 +269,20 @@ def load_pretrained(path: str, dtype=jnp.float32, *, value_head: bool = False) -
     return model, config
 
 
-def save_pretrained(model: CausalLM, config: ModelConfig, path: str) -> None:
+def save_pretrained(model: CausalLM, config: ModelConfig, path: str, tokenizer=None) -> None:
     """Write `model` as an HF checkpoint directory that `transformers` loads.
 
     Writes config.json, model.safetensors (tensors in the parameter dtype) and, with a value
-    head, value_head.safetensors. The directory is created if needed.
+    head, value_head.safetensors; with `tokenizer` (a `tokenizer.Tokenizer` or a
+    `transformers` tokenizer) also its files, so the directory is a complete policy that
+    `pipelines.load_policy` and `AutoTokenizer` read back. The directory is created if needed.
     """
     if dataclasses.replace(model.config, remat=config.remat) != config:
         raise ValueError("config does not describe model (model.config differs)")
+    hf_tokenizer = getattr(tokenizer, "hf", tokenizer)  # our wrapper or a transformers tokenizer
+    if hf_tokenizer is not None and len(hf_tokenizer) > config.vocab_size:
+        raise ValueError(f"the tokenizer has {len(hf_tokenizer)} ids but the model only "
+                         f"vocab_size={config.vocab_size} rows: they do not belong together")
     os.makedirs(path, exist_ok=True)
     dtype_name = str(np.asarray(model.embed[...]).dtype)
     tensors = {}
@@ -295,3 +301,5 @@ def save_pretrained(model: CausalLM, config: ModelConfig, path: str) -> None:
             {"value_w": np.asarray(model.value_w[...]), "value_b": np.asarray(model.value_b[...])},
             os.path.join(path, VALUE_HEAD_FILE),
         )
+    if hf_tokenizer is not None:
+        hf_tokenizer.save_pretrained(path)

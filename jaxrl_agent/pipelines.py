@@ -142,12 +142,23 @@ class EvalRunConfig:
 
 # ---- shared pieces ----
 def load_policy(path: str):
-    """(model, tokenizer) from an HF directory; a clear error when it is missing."""
+    """(model, tokenizer) from an HF directory; a clear error when it is missing.
+
+    The tokenizer is the directory's own when it has tokenizer files (every policy this
+    package exports, or a downloaded Qwen checkpoint), else the repo's tiny tokenizer (policies
+    exported before tokenizers travelled with them). A tokenizer with more ids than the model
+    has embedding rows is refused: sampling would index past the table.
+    """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy directory {path!r} does not exist: train one with "
                                 "`python -m jaxrl_agent sft` or pass --policy.path=DIR")
     model, _ = hf.load_pretrained(path)
-    return model, load_tokenizer()
+    own = any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+    tok = load_tokenizer(path if own else None)
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{'the tokenizer in ' + repr(path) if own else 'the repo tokenizer'} has {tok.vocab_size} "
+                         f"ids but the model in {path!r} has vocab_size={model.config.vocab_size}")
+    return model, tok
 
 
 def eval_tasks_for(cfg: EvalConfig, sandbox=None):
@@ -167,7 +178,7 @@ def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.offline import run_sft
 
     s = cfg.sft
-    tok = load_tokenizer()
+    model, tok = load_policy(s.init) if s.init else (None, load_tokenizer())
     chat = ChatFormat(tok, tool_style="short")
     tasks = generate_tasks(s.split, s.num_tasks, s.seed)
     with Sandbox(num_workers=s.sandbox_workers) as sandbox:
@@ -179,9 +190,7 @@ def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
     rate = {st: sum(e.reward for e in demos if e.info["style"] == st) / max(1, len(tasks)) for st in s.styles}
     if s.success_only:
         demos = [e for e in demos if e.reward >= 1.0]
-    if s.init:
-        model, _ = hf.load_pretrained(s.init)
-    else:
+    if model is None:
         model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(s.seed))
     optim = OptimConfig(learning_rate=s.learning_rate, schedule="cosine", warmup_steps=max(1, s.steps // 20),
                         total_steps=s.steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
@@ -199,7 +208,7 @@ def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.checkpoint import export_hf
 
     out = os.path.join(s.run_dir, "policy")
-    export_hf(ts, state, model.config, out)
+    export_hf(ts, state, model.config, out, tokenizer=tok)
     summary = {"demonstrations": len(demos), "longest_episode": longest, "expert_success": rate,
                "final_nll": history[-1]["loss"], "policy": out}
     with open(os.path.join(s.run_dir, "sft_summary.json"), "w") as f:
@@ -378,7 +387,7 @@ def run_export_job(cfg: ExportRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.loss_registry import LOSSES
     from jaxrl_agent.train_step import make_optimizer, make_train_step
 
-    model, _ = load_policy(cfg.policy.path)
+    model, tok = load_policy(cfg.policy.path)
     ckpt_dir = os.path.join(cfg.export.run_dir, "checkpoints")
     with Checkpointer(CheckpointConfig(directory=ckpt_dir)) as ckpt:
         if ckpt.latest_step() is None:
@@ -386,7 +395,7 @@ def run_export_job(cfg: ExportRunConfig, *, show_progress: bool = True) -> dict:
         step = ckpt.latest_step()
         ts = make_train_step(LOSSES["grpo"], make_optimizer(cfg.optim), cfg.train, model)
         state, _ = ckpt.restore(ts.abstract_state())
-    export_hf(ts, state, model.config, cfg.export.out)
+    export_hf(ts, state, model.config, cfg.export.out, tokenizer=tok)
     if show_progress:
         print(f"exported step {step} of {cfg.export.run_dir} -> {cfg.export.out}")
     return {"out": cfg.export.out, "step": step}

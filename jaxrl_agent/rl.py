@@ -230,7 +230,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                                        seed=rl.seed + 11, show_progress=show_progress, description="eval after")[0]
             log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
             save(rl.iterations)
-            export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"))
+            export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer)
         except KeyboardInterrupt:
             if last_done > 0:  # the state as it is, under the last completed iteration's number
                 save(last_done)

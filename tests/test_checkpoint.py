@@ -9,7 +9,6 @@ import pytest
 
 import trainer_worker as tw
 from jaxrl_agent import hf
-from jaxrl_agent import sharding as sh
 from jaxrl_agent.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.config import CheckpointConfig, LoraConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.loss_registry import LOSSES
@@ -110,3 +109,36 @@ def test_export_hf_round_trip(setup, tmp_path):
     assert np.abs(want["wq"] - np.asarray(model.wq[...])).max() > 1e-3  # LoRA really merged
     for k, v in want.items():
         np.testing.assert_allclose(np.asarray(getattr(loaded, k)[...]), v, atol=1e-6, err_msg=k)
+
+
+def test_policy_directory_carries_its_tokenizer(tmp_path):
+    """An exported policy holds its tokenizer: `load_policy` and `AutoTokenizer` read it back.
+    A directory without tokenizer files falls back to the repo tokenizer, and a tokenizer with
+    more ids than the model's embedding rows is refused with both numbers."""
+    from transformers import AutoTokenizer
+
+    from jaxrl_agent.pipelines import load_policy
+    from jaxrl_agent.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    tok.hf.add_tokens(["<|scratchpad|>"])  # this policy's own tokenizer: one id more than the repo's
+    model = tw.tiny_model(vocab_size=tok.vocab_size + 2)
+    text = '<|im_start|>assistant\n<tool_call>\n{"name": "read_file"}\n</tool_call><|scratchpad|><|im_end|>'
+    policy = str(tmp_path / "policy")
+    hf.save_pretrained(model, model.config, policy, tokenizer=tok)
+    _, loaded = load_policy(policy)
+    assert loaded.vocab_size == load_tokenizer().vocab_size + 1  # the directory's, not the repo's
+    assert loaded.encode(text) == tok.encode(text) and len(tok.encode("<|scratchpad|>")) == 1
+    assert (loaded.stop_ids, loaded.pad_id) == (tok.stop_ids, tok.pad_id)
+    assert AutoTokenizer.from_pretrained(policy).encode(text, add_special_tokens=False) == tok.encode(text)
+
+    bare = str(tmp_path / "bare")
+    hf.save_pretrained(model, model.config, bare)
+    assert load_policy(bare)[1].vocab_size == load_tokenizer().vocab_size
+    small = tw.tiny_model()  # vocab 128
+    with pytest.raises(ValueError, match=f"has {tok.vocab_size} ids .* vocab_size=128"):
+        hf.save_pretrained(small, small.config, str(tmp_path / "refused"), tokenizer=tok)
+    assert not os.path.exists(tmp_path / "refused")  # refused before anything was written
+    hf.save_pretrained(small, small.config, str(tmp_path / "small"))
+    with pytest.raises(ValueError, match=r"repo tokenizer has \d+ ids but the model .* vocab_size=128"):
+        load_policy(str(tmp_path / "small"))

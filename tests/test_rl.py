@@ -149,7 +149,7 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path):
     from jaxrl_agent import hf
     from jaxrl_agent.env.tasks import binary_search_task, save_tasks
     from jaxrl_agent.pipelines import (EvalConfig, EvalRunConfig, ExportConfig, ExportRunConfig, PolicyConfig,
-                                       run_eval_job, run_export_job)
+                                       load_policy, run_eval_job, run_export_job)
 
     policy = str(tmp_path / "policy")
     hf.save_pretrained(sft_model, sft_model.config, policy)
@@ -169,6 +169,7 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path):
     run_export_job(ExportRunConfig(policy=PolicyConfig(policy), export=ExportConfig(run_dir=run_dir, out=exported),
                                    optim=OptimConfig(learning_rate=1e-3)), show_progress=False)
     model, _ = hf.load_pretrained(exported)
+    assert load_policy(exported)[1].encode(IM_END) == tok.encode(IM_END)  # the tokenizer travels with it
     trained = hf.load_pretrained(os.path.join(run_dir, "policy"))[0]
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(trained, nnx.Param))):
         np.testing.assert_array_equal(a, b)  # the checkpoint export == the run's own final export

@@ -144,7 +144,7 @@ def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_
     state, _, ts = run_sft(model, data, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj, num_steps=steps,
                            batch_size=min(batch_size, len(data)), seed=cfg.seed, on_step=on_step)
     out = os.path.join(stage_dir(cfg, name), "policy")
-    export_hf(ts, state, model.config, out)
+    export_hf(ts, state, model.config, out, tokenizer=tok)
     return {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0}
 
 
