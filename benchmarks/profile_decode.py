@@ -31,12 +31,35 @@ from jaxrl_agent.sampling_engine import SamplingEngine
 _HOST_EVENTS = ("$", "Thunk", "np.", "Slinky", "Pjit", "end:")  # Python frames and runtime bookkeeping
 
 
-def kernel_runs(trace_dir: str) -> list[tuple[str, float]]:
-    """(kernel kind, microseconds) of every XLA kernel run in the trace under `trace_dir`."""
+def kernel_runs(trace_dir: str, full_names: bool = False) -> list[tuple[str, float]]:
+    """(kernel kind, microseconds) of every XLA kernel run in the trace under `trace_dir`;
+    with `full_names` the instruction name (e.g. "ynn_fusion.95") instead of its kind."""
     path = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))[-1]
     events = json.load(gzip.open(path))["traceEvents"]
-    return [(re.sub(r"[.\d]+$", "", e["name"]), float(e.get("dur", 0.0))) for e in events
-            if e.get("ph") == "X" and e.get("name") and not e["name"].startswith(_HOST_EVENTS)]
+    return [(e["name"] if full_names else re.sub(r"[.\d]+$", "", e["name"]), float(e.get("dur", 0.0)))
+            for e in events if e.get("ph") == "X" and e.get("name") and not e["name"].startswith(_HOST_EVENTS)]
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """Instruction name -> the JAX operation it came from (`op_name` metadata, last part)."""
+    out = {}
+    for m in re.finditer(r"^\s*%?([\w.-]+) = .*?op_name=\"([^\"]+)\"", hlo_text, re.M):
+        parts = m.group(2).split("/")
+        out[m.group(1)] = "/".join(parts[-2:]) if parts[-1] == "dot_general" else parts[-1]
+    return out
+
+
+def library_kernel_role(op: str) -> str:
+    """What a YNNPACK kernel (matmul or reduction) does in the decode step, from its op name."""
+    if op.startswith("bkqd,bksd->bkqs"):
+        return "attention scores (q . k over the window)"
+    if op.startswith("bkqs,bksd->bkqd"):
+        return "attention values (p . v over the window)"
+    if op.endswith("dot_general"):
+        return "weight matmuls (projections, MLP, unembedding)"
+    if op.startswith("reduce"):
+        return "reductions (RMSNorm, softmax, sampling)"
+    return "other"
 
 
 def main() -> None:
@@ -58,20 +81,37 @@ def main() -> None:
     t0 = time.perf_counter()
     ours_generate(eng, prompts, 1)
     step_ms = 1000 * (time.perf_counter() - t0) / N
+    # the compiled program, to name the traced kernels (compiled once more, not timed)
+    generate_fn, hlo = eng._generate_fn, {}
+
+    def spy(*a):
+        if not hlo:
+            hlo["text"] = generate_fn.lower(*a).compile().as_text()
+        return generate_fn(*a)
+
+    eng._generate_fn = spy
+    ours_generate(eng, prompts, 1)
+    eng._generate_fn = generate_fn
+    names = op_names(hlo["text"])
     trace_dir = tempfile.mkdtemp()
     jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
     ours_generate(eng, prompts, 2)
     jax.profiler.stop_trace()
-    runs = kernel_runs(trace_dir)
+    runs = kernel_runs(trace_dir, full_names=True)
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
-    for kind, us in runs:
-        by_kind[kind].append(us)
+    by_library: dict[str, list[float]] = collections.defaultdict(list)
+    for name, us in runs:
+        by_kind[re.sub(r"[.\d]+$", "", name)].append(us)
+        if name.startswith("ynn_fusion"):
+            by_library[library_kernel_role(names.get(name, ""))].append(us)
     total = sum(us for _, us in runs)
     result = {
         "ms_per_decode_step": step_ms, "kernel_runs_per_step": len(runs) / N,
         "mean_kernel_us": total / max(1, len(runs)),
         "by_kind": {k: {"share": sum(v) / total, "runs_per_step": len(v) / N}
                     for k, v in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))},
+        "ynn_fusion_by_role": {k: {"share": sum(v) / total, "runs_per_step": len(v) / N,
+                                   "mean_us": sum(v) / max(1, len(v))} for k, v in sorted(by_library.items())},
         "setup": {"batch": B, "prompt": P, "new_tokens": N, "jax": jax.__version__},
     }
     print(f"decode step: {step_ms:.2f} ms (untraced), {result['kernel_runs_per_step']:.0f} kernel runs per step, "
@@ -79,6 +119,9 @@ def main() -> None:
     print(f"{'kernel kind':28s} {'share':>7s} {'runs/step':>10s}")
     for kind, row in list(result["by_kind"].items())[:12]:
         print(f"{kind:28s} {100 * row['share']:6.1f}% {row['runs_per_step']:10.1f}")
+    print(f"{'ynn_fusion kernels by role':48s} {'share':>7s} {'runs/step':>10s} {'us/run':>8s}")
+    for role, row in result["ynn_fusion_by_role"].items():
+        print(f"{role:48s} {100 * row['share']:6.1f}% {row['runs_per_step']:10.1f} {row['mean_us']:8.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
