@@ -281,8 +281,8 @@ def save_pretrained(model: CausalLM, config: ModelConfig, path: str, tokenizer=N
         raise ValueError("config does not describe model (model.config differs)")
     hf_tokenizer = getattr(tokenizer, "hf", tokenizer)  # our wrapper or a transformers tokenizer
     if hf_tokenizer is not None and len(hf_tokenizer) > config.vocab_size:
-        raise ValueError(f"the tokenizer has {len(hf_tokenizer)} ids but the model only "
-                         f"vocab_size={config.vocab_size} rows: they do not belong together")
+        raise ValueError(f"the tokenizer has {len(hf_tokenizer)} ids but the model has only "
+                         f"vocab_size={config.vocab_size} embedding rows: they do not belong together")
     os.makedirs(path, exist_ok=True)
     dtype_name = str(np.asarray(model.embed[...]).dtype)
     tensors = {}

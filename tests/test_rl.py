@@ -169,7 +169,8 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path):
     run_export_job(ExportRunConfig(policy=PolicyConfig(policy), export=ExportConfig(run_dir=run_dir, out=exported),
                                    optim=OptimConfig(learning_rate=1e-3)), show_progress=False)
     model, _ = hf.load_pretrained(exported)
-    assert load_policy(exported)[1].encode(IM_END) == tok.encode(IM_END)  # the tokenizer travels with it
+    for d in (exported, os.path.join(run_dir, "policy")):  # both exports carry the run's tokenizer
+        assert os.path.exists(os.path.join(d, "tokenizer.json")) and load_policy(d)[1].encode(IM_END) == tok.encode(IM_END)
     trained = hf.load_pretrained(os.path.join(run_dir, "policy"))[0]
     for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(nnx.state(trained, nnx.Param))):
         np.testing.assert_array_equal(a, b)  # the checkpoint export == the run's own final export
