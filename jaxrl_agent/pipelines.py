@@ -22,7 +22,7 @@ from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.model import CausalLM, ModelConfig
-from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+from jaxrl_agent.tokenizer import ChatFormat, has_tokenizer_files, load_tokenizer
 
 DEMO_POLICY_DIR = os.path.join(os.path.dirname(__file__), "assets", "demo_policy")
 
@@ -142,18 +142,14 @@ class EvalRunConfig:
 
 # ---- shared pieces ----
 def load_policy(path: str):
-    """(model, tokenizer) from an HF directory; a clear error when it is missing.
-
-    The tokenizer is the directory's own when it has tokenizer files (every policy this
-    package exports, or a downloaded Qwen checkpoint), else the repo's tiny tokenizer (policies
-    exported before tokenizers travelled with them). A tokenizer with more ids than the model
-    has embedding rows is refused: sampling would index past the table.
-    """
+    """(model, tokenizer) from an HF directory; a clear error when it is missing. The tokenizer
+    is the directory's own when it has one, else the repo's tiny tokenizer (older exports); one
+    with more ids than the model has embedding rows is refused (sampling would index past it)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy directory {path!r} does not exist: train one with "
                                 "`python -m jaxrl_agent sft` or pass --policy.path=DIR")
     model, _ = hf.load_pretrained(path)
-    own = any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+    own = has_tokenizer_files(path)
     tok = load_tokenizer(path if own else None)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"{'the tokenizer in ' + repr(path) if own else 'the repo tokenizer'} has {tok.vocab_size} "

@@ -125,12 +125,15 @@ class Tokenizer:
         return self._vocab[token]
 
 
+def has_tokenizer_files(path: str) -> bool:
+    """Whether directory `path` holds an HF tokenizer (tokenizer.json or tokenizer_config.json)."""
+    return any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
 def load_tokenizer(path: str | None = None) -> Tokenizer:
     """Load a local HF tokenizer directory (default: the repo's tiny tokenizer)."""
     path = path or DEFAULT_TOKENIZER_DIR
-    if not os.path.exists(os.path.join(path, "tokenizer.json")) and not os.path.exists(
-        os.path.join(path, "tokenizer_config.json")
-    ):
+    if not has_tokenizer_files(path):
         raise FileNotFoundError(f"no tokenizer.json / tokenizer_config.json in {path}")
     return Tokenizer(AutoTokenizer.from_pretrained(path))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import sys
 import time
@@ -59,6 +60,15 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
         from jaxrl_agent.pipelines import DEMO_POLICY_DIR
 
         shutil.copytree(done["sft"]["policy"], DEMO_POLICY_DIR, dirs_exist_ok=True)
+        m = cfg.model  # the description is written from the config, so it cannot go stale
+        made_by = (f"python -m experiments.binary_search_rl (stage 'sft': {cfg.pretrain.steps} edit-drill steps on "
+                   f"{cfg.pretrain.num_tasks} instances, then {cfg.sft.steps} SFT steps on {cfg.demos.num_tasks} "
+                   "expert demonstrations)")
+        with open(os.path.join(DEMO_POLICY_DIR, "sft_summary.json"), "w") as f:
+            json.dump({"made_by": made_by,
+                       "model": f"Qwen2-style, hidden {m.hidden_size}, {m.num_layers} layers",
+                       "heldout_instances_pass1": "see experiments/binary_search_rl/results/summary.json "
+                                                  "(heldout_instances.sft)"}, f, indent=2)
         print(f"shipped the SFT policy to {DEMO_POLICY_DIR}")
     return summary
 
