@@ -111,6 +111,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     """
     if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
         raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
+    if train.loss.kl_coef and not train.use_ref:  # rollout batches carry no ref_logp: fail before any rollout
+        raise ValueError(f"train.loss.kl_coef={train.loss.kl_coef} needs a reference policy: set train.use_ref=true")
     chat = ChatFormat(tokenizer, tool_style=tool_style)
     # The engine's cache is the episode's token budget (see rollout.collect_episodes).
     cache = rollout.max_total_tokens

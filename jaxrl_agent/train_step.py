@@ -279,6 +279,10 @@ class TrainStep:
         if cfg.use_ref and batch.ref_logp is None:
             ref_params = state.frozen if self.lora else state.ref
             batch = batch.replace(ref_logp=self._outputs(ref_params, batch).logp)
+        if cfg.loss.kl_coef and batch.ref_logp is None:  # the KL term would silently be 0
+            raise ValueError(f"loss.kl_coef={cfg.loss.kl_coef} needs reference log-probs, but the batch has no "
+                             "ref_logp and train.use_ref is false: set train.use_ref=true (the frozen initial "
+                             "policy, or the LoRA base) or pass ref_logp in the batch")
         if cfg.advantage != "loss" and batch.advantages is None:
             batch = batch.replace(advantages=compute_advantages(batch, cfg.advantage, cfg.loss))
         return jax.lax.stop_gradient(batch)

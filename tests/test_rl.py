@@ -95,7 +95,7 @@ def test_grpo_learns_the_rewarded_call(sft_model, tok, tmp_path):
 
 @pytest.mark.parametrize("algo", ["dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"])
 def test_every_algorithm_runs_the_loop(sft_model, tok, tmp_path, algo):
-    train = TrainConfig(use_ref=algo in ("reinforce_pp",), loss=replace(TrainConfig().loss, kl_coef=0.01))
+    train = TrainConfig(use_ref=True, loss=replace(TrainConfig().loss, kl_coef=0.01))
     res = train_rl(sft_model, tok, rl=rl_config(tmp_path, algo=algo), rollout=ROLLOUT, sampling=SAMPLING,
                    train=train, optim=OptimConfig(learning_rate=1e-3), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
                    eval_tasks=TASKS[:1], show_progress=False)
@@ -141,6 +141,11 @@ def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):
         train_rl(sft_model, tok, rl=rl_config(tmp_path, tasks_per_iter=5), rollout=ROLLOUT, sampling=SAMPLING,
                  train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
                  eval_tasks=TASKS[:1], show_progress=False)
+    # rollout batches carry no reference log-probs: a KL weight without use_ref would train without KL
+    with pytest.raises(ValueError, match="use_ref=true"):
+        train_rl(sft_model, tok, rl=rl_config(tmp_path), rollout=ROLLOUT, sampling=SAMPLING,
+                 train=TrainConfig(loss=replace(TrainConfig().loss, kl_coef=0.1)), optim=OptimConfig(), tools=TOOLS,
+                 traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
 
 
 def test_eval_and_export_commands(sft_model, tok, tmp_path):

@@ -138,6 +138,10 @@ def test_epochs_and_mini_batches(model, batch, mesh1):
     with pytest.raises(ValueError, match="mini-batches"):
         bad = _step("grpo", replace(cfg, num_mini_batches=3), model, mesh1)
         bad(bad.init_state(model), batch)
+    # a KL weight with nothing to measure the KL against is an error, not a silent zero term
+    with pytest.raises(ValueError, match="use_ref"):
+        bad = _step("grpo", replace(cfg, loss=LossConfig(kl_coef=0.1)), model, mesh1)
+        bad(bad.init_state(model), batch)
 
 
 # ---- LoRA ----

@@ -70,6 +70,8 @@ class RLStage:
     """AdamW learning rate (constant)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL-to-SFT penalty in the loss (0: none, as in DAPO / Dr. GRPO)."""
+    agg: str = "token-mean"
+    """Loss aggregation (jaxrl_agent.losses.AGG_MODES)."""
     mini_batches: int = 4
     """Optimizer updates per rollout batch (group advantages are computed once over the
     whole batch, then PPO-clipped updates on each mini-batch)."""

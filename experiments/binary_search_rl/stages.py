@@ -213,7 +213,8 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
         rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=32),
         # group baselines need the whole batch: computed once before the mini-batch split
-        train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef),
+        train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef, agg=r.agg),
+                          use_ref=r.kl_coef > 0,
                           advantage=r.algo if r.mini_batches > 1 and r.algo in GROUP_ADVANTAGES else "loss"),
         optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
