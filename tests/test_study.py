@@ -7,6 +7,9 @@ import os
 import pytest
 
 from experiments.binary_search_rl.__main__ import main
+from experiments.binary_search_rl.ablate import SERIES, run_ablation
+from experiments.binary_search_rl.ablate import main as ablate_main
+from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.report import POLICIES
 
 TINY = ["--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
@@ -49,6 +52,20 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[sft] step" not in out and "[pretrain] step" not in out and "[rl] iter" not in out
     assert os.path.exists(tmp_path / "work" / "sft" / "policy" / "model.safetensors")
+    # an ablation reuses the study's SFT policy and judges the setting on training data only
+    study_rl_stamp = (tmp_path / "work" / "rl" / "stamp.json").read_text()
+    assert ablate_main(args + ["--name=shaped", "--rl.tool_error_penalty=-0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "[sft] step" not in out and "| control | success |" in out
+    ab = json.loads((tmp_path / "work" / "ablations" / "shaped" / "ablation.json").read_text())
+    assert ab["rl"]["tool_error_penalty"] == -0.1 and ab["validation"]["split"] == "train"
+    for run in ("rl", "control"):
+        series = ab["runs"][run]["series"]
+        assert all(len(series[k]) == 1 for k in SERIES), series
+        assert 0.0 <= ab["runs"][run]["validation_pass1"]["after"] <= 1.0
+    assert (tmp_path / "work" / "rl" / "stamp.json").read_text() == study_rl_stamp  # the study's RL is untouched
+    with pytest.raises(ValueError, match="plain directory name"):
+        run_ablation(StudyConfig(work_dir=str(tmp_path / "work")), "../escape")
 
 
 def test_study_rejects_a_bad_override():

@@ -28,17 +28,7 @@ from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
 def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     t0 = time.time()
-    done: dict = {}
-    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
-        demos, done["demos"] = stages.demonstrations(cfg, sandbox)
-        print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
-              flush=True)
-    demo_stamp = {"demos": dataclasses.asdict(cfg.demos), "seed": cfg.seed}
-    base = stages.pretrain(cfg)
-    if base is not None:
-        done["pretrain"] = base
-    done["sft"] = stages.sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
-    done["sft_success_only"] = stages.sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
+    done = stages.sft_policies(cfg)
     done["rl"] = stages.rl(cfg, "rl", done["sft"], shuffle_rewards=False)
     done["control"] = stages.rl(cfg, "control", done["sft"], shuffle_rewards=True)
     evals = {}

@@ -72,6 +72,10 @@ class RLStage:
     """Weight of the k3 KL-to-SFT penalty in the loss (0: none, as in DAPO / Dr. GRPO)."""
     agg: str = "token-mean"
     """Loss aggregation (jaxrl_agent.losses.AGG_MODES)."""
+    tool_error_penalty: float = 0.0
+    """Shaped reward on a turn whose tool call failed (e.g. `old` text not found); 0: none."""
+    interface_error_penalty: float = 0.0
+    """Shaped reward on a turn whose call never reached a tool (malformed call); 0: none."""
     mini_batches: int = 4
     """Optimizer updates per rollout batch (group advantages are computed once over the
     whole batch, then PPO-clipped updates on each mini-batch)."""

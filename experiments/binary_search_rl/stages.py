@@ -16,9 +16,11 @@ from dataclasses import asdict
 from flax import nnx
 
 from jaxrl_agent.checkpoint import export_hf
-from jaxrl_agent.config import LossConfig, OptimConfig, RLConfig, RolloutConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.config import (LossConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, TrainConfig,
+                                TrajectoryConfig)
 from jaxrl_agent.demonstrations import collect_demonstrations
 from jaxrl_agent.env.expert import STYLES
+from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.model import CausalLM
@@ -180,13 +182,43 @@ def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, 
                                          learning_rate=s.learning_rate, init=base and base["policy"]))
 
 
+def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
+    """Stages 1-2 (each reused when cached): demonstrations, edit drills, SFT on all demos and,
+    with `success_only`, SFT on the successful demos. Returns the stage results by name."""
+    done: dict = {}
+    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+        demos, done["demos"] = demonstrations(cfg, sandbox)
+        print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
+              flush=True)
+    demo_stamp = {"demos": asdict(cfg.demos), "seed": cfg.seed}
+    base = pretrain(cfg)
+    if base is not None:
+        done["pretrain"] = base
+    done["sft"] = sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
+    if success_only:
+        done["sft_success_only"] = sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
+    return done
+
+
 # ---- 3. RL and the shuffled-reward control ----
-def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> dict:
+# per-iteration behaviour of the training rollouts kept in the stage result (name -> metric)
+_BEHAVIOUR_SERIES = {"tool_errors": "tool_errors_per_episode", "interface_errors": "interface_errors_per_episode",
+                     "submitted": "terminations/submitted", "edits": "tool_calls_per_episode/str_replace",
+                     "tokens": "mean_tokens"}
+
+
+def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve_split: str = "heldout_instances",
+       curve_seed: int | None = None) -> dict:
     """GRPO (cfg.rl.algo) from the SFT policy `start`; with `shuffle_rewards` the rewards are
-    permuted across each batch before the update (the control: same compute, no signal)."""
+    permuted across each batch before the update (the control: same compute, no signal).
+    The learning curve evaluates `cfg.rl.curve_tasks` instances of `curve_split` (ablations
+    pass fresh "train" instances, so that nothing is chosen on a held-out set)."""
     r = cfg.rl
+    curve_seed = cfg.eval.seed + 100 if curve_seed is None else curve_seed
     stamp = {"rl": asdict(r), "seed": cfg.seed, "shuffle": shuffle_rewards, "start": start["policy"],
              "start_mtime": _policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
+    if (curve_split, curve_seed) != ("heldout_instances", cfg.eval.seed + 100):
+        stamp["curve"] = [curve_split, curve_seed]
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -194,7 +226,8 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> di
     model, tok = load_policy(start["policy"])
     run_dir = stage_dir(cfg, name)
     try:
-        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards)
+        curve_tasks = generate_tasks(curve_split, r.curve_tasks, curve_seed)
+        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, curve_tasks)
     except NoSignalError as e:  # recorded, not raised: the study still reports the SFT policies
         print(f"[{name}] no RL run: {e}", flush=True)
         return finish(cfg, name, stamp, {"policy": None, "no_signal": str(e), "probe": e.result.get("probe"),
@@ -202,9 +235,8 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool) -> di
 
 
 def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t0: float,
-           shuffle_rewards: bool) -> dict:
+           shuffle_rewards: bool, curve_tasks) -> dict:
     r = cfg.rl
-    curve_tasks = generate_tasks("heldout_instances", r.curve_tasks, cfg.eval.seed + 100)
     res = train_rl(
         model, tok,
         rl=RLConfig(algo=r.algo, iterations=r.iterations, tasks_per_iter=r.tasks_per_iter, train_split="train",
@@ -217,6 +249,8 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                           use_ref=r.kl_coef > 0,
                           advantage=r.algo if r.mini_batches > 1 and r.algo in GROUP_ADVANTAGES else "loss"),
         optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
+        rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
+                             interface_error_penalty=r.interface_error_penalty),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
                                          + (f"  held-out {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
@@ -227,7 +261,8 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
     train_reward = []
     for it, m in enumerate(res["iterations"], start=1):  # flat metrics, "section/name" keys
         train_reward.append({"iteration": it, "reward": m["rollout/reward_mean"], "success": m["rollout/success"],
-                             "loss": m.get("train/loss"), "mixed_groups": m.get("rollout/mixed_group_share")})
+                             "loss": m.get("train/loss"), "mixed_groups": m.get("rollout/mixed_group_share"),
+                             **{short: m.get(f"rollout/{key}", 0.0) for short, key in _BEHAVIOUR_SERIES.items()}})
         if "eval/pass1" in m:
             curve.append({"iteration": it, "heldout_pass1": m["eval/pass1"]})
     curve.append({"iteration": r.iterations, "heldout_pass1": res["after"]["pass1"]})

@@ -1,0 +1,93 @@
+"""`python -m experiments.binary_search_rl.ablate --name=NAME [--control=true] [--section.field=value ...]`
+
+One RL setting tried against its own shuffled-reward control, from the study's SFT policy
+(stages 1-2 are reused from `work_dir` when cached, built otherwise), judged on training data
+only: success and behaviour of every iteration's training rollouts, and pass@1 on fresh
+instances of the *training* templates before and after (a validation set; the held-out sets
+are never read, so a setting chosen here is not tuned on them).
+
+    python -m experiments.binary_search_rl.ablate --name=agg_seq --rl.agg=seq-mean-token-mean
+    python -m experiments.binary_search_rl.ablate --name=shaping --rl.tool_error_penalty=-0.2
+
+Both runs of a setting see the same tasks in the same order (the task iterator and the
+sampling seeds depend only on `seed`), so the comparison is paired iteration by iteration.
+Writes `<work_dir>/ablations/NAME/ablation.json` and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from jaxrl_agent.cli import apply_overrides
+
+from experiments.binary_search_rl import stages
+from experiments.binary_search_rl.config import PRESETS, StudyConfig
+
+VALIDATION_SEED_OFFSET = 5555  # fresh training-template instances, disjoint from the RL task pool's seed
+SERIES = ("success", "tool_errors", "interface_errors", "submitted", "edits", "tokens")
+
+
+def run_ablation(cfg: StudyConfig, name: str, *, control: bool = True) -> dict:
+    """RL with `cfg.rl` (and, with `control`, the same run on shuffled rewards) from the SFT policy."""
+    if not name or os.sep in name or name.startswith("."):
+        raise ValueError(f"--name must be a plain directory name, got {name!r}")
+    start = stages.sft_policies(cfg, success_only=False)["sft"]
+    out_dir = os.path.join(cfg.work_dir, "ablations", name)
+    sub = dataclasses.replace(cfg, work_dir=out_dir)
+    runs = {}
+    for run, shuffle in (("rl", False), ("control", True))[: 2 if control else 1]:
+        res = stages.rl(sub, run, start, shuffle_rewards=shuffle, curve_split="train",
+                        curve_seed=cfg.seed + VALIDATION_SEED_OFFSET)
+        if res["policy"] is None:
+            raise RuntimeError(f"[{name}/{run}] RL did not start: {res['no_signal']}")
+        runs[run] = {"series": {k: [it.get(k) for it in res["train_reward"]] for k in SERIES},
+                     "validation_pass1": {"before": res["heldout_curve"][0]["heldout_pass1"],
+                                          "after": res["heldout_curve"][-1]["heldout_pass1"]},
+                     "seconds": res["seconds"]}
+    result = {"name": name, "rl": dataclasses.asdict(cfg.rl), "seed": cfg.seed, "runs": runs,
+              "validation": {"split": "train", "seed": cfg.seed + VALIDATION_SEED_OFFSET, "tasks": cfg.rl.curve_tasks}}
+    with open(os.path.join(out_dir, "ablation.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(ablation_table(result))
+    return result
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / max(len(xs), 1)
+
+
+def ablation_table(result: dict) -> str:
+    """Markdown: each series' mean over all iterations and over the first / last third."""
+    lines = [f"ablation {result['name']}", "| run | series | all | first third | last third |", "|---|---|---|---|---|"]
+    for run, r in result["runs"].items():
+        for k in SERIES:
+            xs = r["series"][k]
+            third = max(len(xs) // 3, 1)
+            lines.append(f"| {run} | {k} | {_mean(xs):.3f} | {_mean(xs[:third]):.3f} | {_mean(xs[-third:]):.3f} |")
+        v = r["validation_pass1"]
+        lines.append(f"| {run} | validation pass@1 | | {v['before']:.3f} (before) | {v['after']:.3f} (after) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m experiments.binary_search_rl.ablate",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True, help="directory under <work_dir>/ablations")
+    parser.add_argument("--control", default="true", choices=("true", "false"))
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        cfg = apply_overrides(PRESETS[args.preset], overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    run_ablation(cfg, args.name, control=args.control == "true")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
