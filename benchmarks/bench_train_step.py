@@ -22,6 +22,11 @@ einsum's gradient on XLA:CPU transposed the activations), layers run unrolled, a
 works in a [B, K, G*T, Dh] layout with causal query blocks (model.py / layers.py); the policy
 gradient went 2.75 s -> 1.13 s on a loaded machine. Most of what is left is GEMM time
 (~60%), then the masked softmax and SwiGLU elementwise passes.
+
+How close to the machine: each size also reports the step's matmul FLOPs per second (an
+analytic count, `step_matmul_flops`) against the GFLOP/s of its largest GEMM run alone
+(`gemm_ceiling`), for both libraries, and the share of that ceiling a step 1.5x faster than
+torch would have to sustain.
 """
 from __future__ import annotations
 
@@ -134,6 +139,52 @@ def make_torch_step(model, batch):
     return step
 
 
+# ---- how close to the machine's GEMM throughput ----
+def step_matmul_flops(size: str, B: int, T: int) -> float:
+    """FLOPs of one step's matmuls on the padded [B, T] batch: every projection and the tied
+    unembedding (2 per multiply-add per token), causal attention scores and values (half of
+    T x T), forward plus backward (twice the forward: input and weight gradients)."""
+    c = SIZES[size]
+    D, I, V, L, H = (c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"],
+                     c["num_attention_heads"])
+    dh = D // H
+    kv = c["num_key_value_heads"] * dh
+    per_token = L * (D * D + 2 * D * kv + D * D + 3 * D * I) + D * V
+    forward = 2 * B * T * per_token + L * 2 * B * H * T * T * dh
+    return 3.0 * forward
+
+
+def gemm_ceiling(size: str, B: int, T: int, repeats: int = 20) -> dict:
+    """GFLOP/s of the step's largest GEMM alone ([B*T, hidden] x [hidden, intermediate], f32),
+    jitted JAX and torch at its faster thread count: what either library's matmul kernel
+    reaches on this machine with no other work around it."""
+    c = SIZES[size]
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((B * T, c["hidden_size"]), np.float32)
+    w = rng.standard_normal((c["hidden_size"], c["intermediate_size"]), np.float32)
+    flops = 2.0 * a.shape[0] * a.shape[1] * w.shape[1]
+    mm = jax.jit(lambda x, y: x @ y)
+    ja, jw = jax.device_put(a), jax.device_put(w)
+    ta, tw = torch.from_numpy(a), torch.from_numpy(w)
+    jax.block_until_ready(mm(ja, jw))
+    default_threads = torch.get_num_threads()
+    times = {"jax": [], **{f"torch_{n}": [] for n in sorted({default_threads, 1})}}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(mm(ja, jw))
+        times["jax"].append(time.perf_counter() - t0)
+        for n in sorted({default_threads, 1}):
+            torch.set_num_threads(n)
+            t0 = time.perf_counter()
+            torch.matmul(ta, tw)
+            times[f"torch_{n}"].append(time.perf_counter() - t0)
+    torch.set_num_threads(default_threads)
+    gflops = {k: flops / float(np.median(t)) / 1e9 for k, t in times.items()}
+    return {"jax_gflops": gflops["jax"],
+            "torch_gflops": max(v for k, v in gflops.items() if k.startswith("torch")),
+            "shape": [list(a.shape), list(w.shape)]}
+
+
 # ---- one size ----
 def run(size: str, B: int, T: int, repeats: int) -> dict:
     tmp = tempfile.mkdtemp()
@@ -187,7 +238,14 @@ def run(size: str, B: int, T: int, repeats: int) -> dict:
     best = min(t_torch, key=lambda n: np.median(t_torch[n]))
     tokens = int(batch.attention_mask.sum())
     ours_tps, torch_tps = tokens / np.median(t_ours), tokens / np.median(t_torch[best])
+    flops, ceiling = step_matmul_flops(size, B, T), gemm_ceiling(size, B, T)
+    ours_gflops, torch_gflops = flops / np.median(t_ours) / 1e9, flops / np.median(t_torch[best]) / 1e9
     return {
+        "step_matmul_gflop": flops / 1e9, "ours_matmul_gflops": ours_gflops, "torch_matmul_gflops": torch_gflops,
+        "gemm_ceiling": ceiling, "ours_share_of_jax_gemm_ceiling": ours_gflops / ceiling["jax_gflops"],
+        "torch_share_of_torch_gemm_ceiling": torch_gflops / ceiling["torch_gflops"],
+        # what a step 1.5x torch's speed would have to sustain, as a share of JAX's lone-GEMM rate
+        "share_of_jax_gemm_ceiling_needed_for_1_5x": 1.5 * torch_gflops / ceiling["jax_gflops"],
         "speedup_vs_torch": ours_tps / torch_tps, "ours_tokens_per_s": ours_tps, "torch_tokens_per_s": torch_tps,
         "ours_step_s_median": float(np.median(t_ours)), "torch_step_s_median": float(np.median(t_torch[best])),
         "torch_best_threads": best,
@@ -218,6 +276,12 @@ def main() -> None:
         print(f"{size:<8}{r['params']:>10}{r['ours_step_s_median']:>13.4f}{r['torch_step_s_median']:>14.4f}"
               f"{r['ours_tokens_per_s']:>12.0f}{r['torch_tokens_per_s']:>13.0f}{r['speedup_vs_torch']:>8.2f}x")
     print(f"speedup_vs_torch (tiny): {result['speedup_vs_torch']:.2f}x")
+    for size, r in rows.items():
+        c = r["gemm_ceiling"]
+        print(f"[{size}] matmul GFLOP/s: ours {r['ours_matmul_gflops']:.0f} ({r['ours_share_of_jax_gemm_ceiling']:.0%} "
+              f"of JAX's lone GEMM, {c['jax_gflops']:.0f}), torch {r['torch_matmul_gflops']:.0f} "
+              f"({r['torch_share_of_torch_gemm_ceiling']:.0%} of torch's, {c['torch_gflops']:.0f}); 1.5x torch needs "
+              f"{r['share_of_jax_gemm_ceiling_needed_for_1_5x']:.0%} of JAX's")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -64,6 +64,9 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
         assert all(len(series[k]) == 1 for k in SERIES), series
         assert 0.0 <= ab["runs"][run]["validation_pass1"]["after"] <= 1.0
     assert (tmp_path / "work" / "rl" / "stamp.json").read_text() == study_rl_stamp  # the study's RL is untouched
+    assert json.loads((res / "ablations" / "shaped.json").read_text()) == ab  # the committed copy
+    assert ablate_main(args + ["--summarize=true"]) == 0
+    assert "| shaped | control |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="plain directory name"):
         run_ablation(StudyConfig(work_dir=str(tmp_path / "work")), "../escape")
 

@@ -11,12 +11,15 @@ are never read, so a setting chosen here is not tuned on them).
 
 Both runs of a setting see the same tasks in the same order (the task iterator and the
 sampling seeds depend only on `seed`), so the comparison is paired iteration by iteration.
-Writes `<work_dir>/ablations/NAME/ablation.json` and prints a table.
+Writes `<work_dir>/ablations/NAME/ablation.json` and its copy `<results_dir>/ablations/NAME.json`,
+and prints a table. `--summarize=true` (no `--name`) prints one table of every ablation in
+`<results_dir>/ablations`.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import sys
@@ -49,8 +52,10 @@ def run_ablation(cfg: StudyConfig, name: str, *, control: bool = True) -> dict:
                      "seconds": res["seconds"]}
     result = {"name": name, "rl": dataclasses.asdict(cfg.rl), "seed": cfg.seed, "runs": runs,
               "validation": {"split": "train", "seed": cfg.seed + VALIDATION_SEED_OFFSET, "tasks": cfg.rl.curve_tasks}}
-    with open(os.path.join(out_dir, "ablation.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    os.makedirs(os.path.join(cfg.results_dir, "ablations"), exist_ok=True)
+    for path in (os.path.join(out_dir, "ablation.json"), os.path.join(cfg.results_dir, "ablations", f"{name}.json")):
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
     print(ablation_table(result))
     return result
 
@@ -73,18 +78,45 @@ def ablation_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summary_table(results_dir: str) -> str:
+    """Markdown: every saved ablation, one row per run, first-third -> last-third means."""
+    paths = sorted(glob.glob(os.path.join(results_dir, "ablations", "*.json")))
+    if not paths:
+        raise FileNotFoundError(f"no ablations in {os.path.join(results_dir, 'ablations')}: run one with --name first")
+    lines = ["| ablation | run | success | tool errors / ep | submitted | edits / ep | validation pass@1 |",
+             "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        for run, r in result["runs"].items():
+            cells = []
+            for k in ("success", "tool_errors", "submitted", "edits"):
+                xs = r["series"][k]
+                third = max(len(xs) // 3, 1)
+                cells.append(f"{_mean(xs[:third]):.2f} -> {_mean(xs[-third:]):.2f}")
+            v = r["validation_pass1"]
+            lines.append(f"| {result['name']} | {run} | " + " | ".join(cells) + f" | {v['before']:.2f} -> {v['after']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m experiments.binary_search_rl.ablate",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--name", required=True, help="directory under <work_dir>/ablations")
+    parser.add_argument("--name", default="", help="directory under <work_dir>/ablations")
     parser.add_argument("--control", default="true", choices=("true", "false"))
+    parser.add_argument("--summarize", default="false", choices=("true", "false"))
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     args, overrides = parser.parse_known_args(argv)
     try:
         cfg = apply_overrides(PRESETS[args.preset], overrides)
     except ValueError as e:
         parser.error(str(e))
+    if args.summarize == "true":
+        print(summary_table(cfg.results_dir))
+        return 0
+    if not args.name:
+        parser.error("--name is required (or --summarize=true)")
     run_ablation(cfg, args.name, control=args.control == "true")
     return 0
 

@@ -227,7 +227,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve
     run_dir = stage_dir(cfg, name)
     try:
         curve_tasks = generate_tasks(curve_split, r.curve_tasks, curve_seed)
-        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, curve_tasks)
+        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, curve_tasks, curve_split)
     except NoSignalError as e:  # recorded, not raised: the study still reports the SFT policies
         print(f"[{name}] no RL run: {e}", flush=True)
         return finish(cfg, name, stamp, {"policy": None, "no_signal": str(e), "probe": e.result.get("probe"),
@@ -235,7 +235,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve
 
 
 def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t0: float,
-           shuffle_rewards: bool, curve_tasks) -> dict:
+           shuffle_rewards: bool, curve_tasks, curve_split: str) -> dict:
     r = cfg.rl
     res = train_rl(
         model, tok,
@@ -253,7 +253,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                              interface_error_penalty=r.interface_error_penalty),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
-                                         + (f"  held-out {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
+                                         + (f"  {curve_split} {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
                                          flush=True))
     if res.get("interrupted"):
         raise KeyboardInterrupt
