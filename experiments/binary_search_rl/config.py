@@ -68,8 +68,10 @@ class RLStage:
     """Episodes per task (the GRPO group)."""
     learning_rate: float = 2e-4
     """AdamW learning rate (constant)."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL-to-SFT penalty in the loss (0: none, as in DAPO / Dr. GRPO)."""
+    kl_coef: float = 0.1
+    """Weight of the k3 KL-to-SFT penalty in the loss (0: none, as in DAPO / Dr. GRPO). 0.1 was
+    chosen with `ablate.py` on fresh training-template instances: without it every setting we
+    tried drifted below its start there (results/ablations)."""
     agg: str = "token-mean"
     """Loss aggregation (jaxrl_agent.losses.AGG_MODES)."""
     tool_error_penalty: float = 0.0
