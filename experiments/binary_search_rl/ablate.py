@@ -65,14 +65,19 @@ def _mean(xs) -> float:
     return sum(xs) / max(len(xs), 1)
 
 
+def _thirds(xs) -> tuple[float, float]:
+    """Means over the first and the last third of the iterations."""
+    third = max(len(xs) // 3, 1)
+    return _mean(xs[:third]), _mean(xs[-third:])
+
+
 def ablation_table(result: dict) -> str:
     """Markdown: each series' mean over all iterations and over the first / last third."""
     lines = [f"ablation {result['name']}", "| run | series | all | first third | last third |", "|---|---|---|---|---|"]
     for run, r in result["runs"].items():
         for k in SERIES:
-            xs = r["series"][k]
-            third = max(len(xs) // 3, 1)
-            lines.append(f"| {run} | {k} | {_mean(xs):.3f} | {_mean(xs[:third]):.3f} | {_mean(xs[-third:]):.3f} |")
+            first, last = _thirds(r["series"][k])
+            lines.append(f"| {run} | {k} | {_mean(r['series'][k]):.3f} | {first:.3f} | {last:.3f} |")
         v = r["validation_pass1"]
         lines.append(f"| {run} | validation pass@1 | | {v['before']:.3f} (before) | {v['after']:.3f} (after) |")
     return "\n".join(lines)
@@ -89,11 +94,8 @@ def summary_table(results_dir: str) -> str:
         with open(path) as f:
             result = json.load(f)
         for run, r in result["runs"].items():
-            cells = []
-            for k in ("success", "tool_errors", "submitted", "edits"):
-                xs = r["series"][k]
-                third = max(len(xs) // 3, 1)
-                cells.append(f"{_mean(xs[:third]):.2f} -> {_mean(xs[-third:]):.2f}")
+            cells = ["{:.2f} -> {:.2f}".format(*_thirds(r["series"][k]))
+                     for k in ("success", "tool_errors", "submitted", "edits")]
             v = r["validation_pass1"]
             lines.append(f"| {result['name']} | {run} | " + " | ".join(cells) + f" | {v['before']:.2f} -> {v['after']:.2f} |")
     return "\n".join(lines)

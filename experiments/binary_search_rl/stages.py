@@ -214,10 +214,11 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve
     The learning curve evaluates `cfg.rl.curve_tasks` instances of `curve_split` (ablations
     pass fresh "train" instances, so that nothing is chosen on a held-out set)."""
     r = cfg.rl
-    curve_seed = cfg.eval.seed + 100 if curve_seed is None else curve_seed
+    study_curve = ("heldout_instances", cfg.eval.seed + 100)
+    curve_seed = study_curve[1] if curve_seed is None else curve_seed
     stamp = {"rl": asdict(r), "seed": cfg.seed, "shuffle": shuffle_rewards, "start": start["policy"],
              "start_mtime": _policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
-    if (curve_split, curve_seed) != ("heldout_instances", cfg.eval.seed + 100):
+    if (curve_split, curve_seed) != study_curve:  # only other curves enter the stamp: the study's caches stay valid
         stamp["curve"] = [curve_split, curve_seed]
     done = cached(cfg, name, stamp)
     if done is not None:
