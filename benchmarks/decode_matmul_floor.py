@@ -14,7 +14,9 @@ after a 128-token prompt, as in bench_sampling.py) for its time per generated st
 
 `generate`'s step time divided by the faster matmul-only step is the most any sampler built on
 these two libraries' f32 matmul kernels could reach on this machine: attention, sampling, cache
-writes and loop control all come on top. Prints a table and writes
+writes and loop control all come on top. A second floor adds the one piece of that no sampler
+can skip: each layer's attention of the 16 queries over a cache of the benchmark's mean length
+(prompt + half the new tokens), written as two einsums and a softmax in each library. Prints a table and writes
 benchmarks/results/decode_matmul_floor.json.
 """
 from __future__ import annotations
@@ -46,11 +48,14 @@ def weight_mats(hf_model) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
     return layers, hf_model.model.embed_tokens.weight.detach().numpy().T.copy()
 
 
-def one_step(x, layers, unembed, mm):
-    """The decode step's matmuls on x [B, D]; `mm` is the library's matmul. Returns (x', logits)."""
-    for w in layers:
+def one_step(x, layers, unembed, mm, attend=None):
+    """The decode step's matmuls on x [B, D]; `mm` is the library's matmul. Returns (x', logits).
+
+    `attend(q, layer)` -> [B, D], when given, is attention of the step's queries over that
+    layer's cache; without it q stands in for attention's output (same shape)."""
+    for i, w in enumerate(layers):
         q, k, v = mm(x, w["q_proj"]), mm(x, w["k_proj"]), mm(x, w["v_proj"])
-        o = mm(q, w["o_proj"])  # q stands in for attention's output (same shape)
+        o = mm(q if attend is None else attend(q, i), w["o_proj"])
         # k and v go to the cache in a real step; here they feed the residual so none is dead code
         h = x + 1e-3 * (o + k.sum(-1, keepdims=True) + v.sum(-1, keepdims=True))
         d = mm(mm(h, w["gate_proj"]) * mm(h, w["up_proj"]), w["down_proj"])
@@ -58,18 +63,42 @@ def one_step(x, layers, unembed, mm):
     return x, mm(x, unembed)
 
 
-def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int) -> float:
+def attention_fns(caches, heads: int, lib):
+    """`attend(q, layer)` for `one_step`: softmax attention of q [B, H * Dh] over the layer's
+    cached keys and values [B, K, S, Dh] (grouped queries, as in the model), in `lib`. JAX
+    multiplies keys stored as [B, K, Dh, S], the layout of our sampler's cache (its fastest)."""
+    kc, vc = caches
+    b, kv, _, dh = vc[0].shape
+    g, scale = heads // kv, 1.0 / dh ** 0.5
+
+    def attend_jax(q, i):
+        s = jnp.einsum("bkgd,bkds->bkgs", q.reshape(b, kv, g, dh) * scale, kc[i])
+        return jnp.einsum("bkgs,bksd->bkgd", jax.nn.softmax(s, axis=-1), vc[i]).reshape(b, -1)
+
+    def attend_torch(q, i):
+        s = torch.matmul(q.reshape(b, kv, g, dh) * scale, kc[i].transpose(-1, -2))
+        return torch.matmul(torch.softmax(s, dim=-1), vc[i]).reshape(b, -1)
+
+    return attend_jax if lib == "jax" else attend_torch
+
+
+def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int,
+                         caches=None, heads: int = 0) -> float:
     layers_j = jax.tree.map(jnp.asarray, layers)
+    caches_j = None if caches is None else ([jnp.asarray(k.transpose(0, 1, 3, 2)) for k in caches[0]],
+                                            [jnp.asarray(v) for v in caches[1]])
 
     @jax.jit
-    def run(x, layers, unembed):
+    def run(x, layers, unembed, caches):
+        attend = None if caches is None else attention_fns(caches, heads, "jax")
+
         def body(_, carry):
             x, acc = carry
-            x, logits = one_step(x, layers, unembed, jnp.matmul)
+            x, logits = one_step(x, layers, unembed, jnp.matmul, attend)
             return x, acc + logits[:, 0]
         return jax.lax.fori_loop(0, steps, body, (x, jnp.zeros(x.shape[0], x.dtype)))
 
-    args = (jnp.asarray(x0), layers_j, jnp.asarray(unembed))
+    args = (jnp.asarray(x0), layers_j, jnp.asarray(unembed), caches_j)
     jax.block_until_ready(run(*args))
     times = []
     for _ in range(repeats):
@@ -79,16 +108,20 @@ def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: i
     return float(np.median(times)) / steps
 
 
-def torch_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int, threads: int) -> float:
+def torch_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int, threads: int,
+                           caches=None, heads: int = 0) -> float:
     torch.set_num_threads(threads)
     layers_t = [{n: torch.from_numpy(w) for n, w in layer.items()} for layer in layers]
     unembed_t, x_t = torch.from_numpy(unembed), torch.from_numpy(x0)
+    attend = None
+    if caches is not None:
+        attend = attention_fns(tuple([torch.from_numpy(c) for c in cs] for cs in caches), heads, "torch")
     times = []
     with torch.inference_mode():
         for r in range(repeats + 1):  # the first pass warms up
             x, t0 = x_t, time.perf_counter()
             for _ in range(steps):
-                x, logits = one_step(x, layers_t, unembed_t, torch.matmul)
+                x, logits = one_step(x, layers_t, unembed_t, torch.matmul, attend)
             if r:
                 times.append(time.perf_counter() - t0)
     return float(np.median(times)) / steps
@@ -122,15 +155,33 @@ def main() -> None:
     floor = {"jax": jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats)}
     for n in thread_counts:
         floor[f"torch_threads_{n}"] = torch_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, n)
+    # With attention: every layer's queries over a cache of the benchmark's mean length (the
+    # prompt plus half the new tokens), K and V random, grouped as in the model.
+    cfg = hf_model.config
+    kv, dh = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    slots = args.prompt + args.steps // 2
+    rng = np.random.default_rng(1)
+    caches = tuple([rng.normal(0, 1, (args.batch, kv, slots, dh)).astype(np.float32) for _ in layers]
+                   for _ in range(2))
+    heads = cfg.num_attention_heads
+    floor_attn = {"jax": jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, caches, heads)}
+    for n in thread_counts:
+        floor_attn[f"torch_threads_{n}"] = torch_seconds_per_step(
+            x0, layers, unembed, args.steps, args.repeats, n, caches, heads)
     torch.set_num_threads(default_threads)
     hf_step = min(gen.values())
     best = min(floor, key=floor.get)
+    best_attn = min(floor_attn, key=floor_attn.get)
     result = {
         "generate_ms_per_step": {str(n): 1e3 * s for n, s in gen.items()},
         "matmul_only_ms_per_step": {k: 1e3 * v for k, v in floor.items()},
         "fastest_matmul_only": best,
         "max_speedup_vs_hf_generate": hf_step / floor[best],
         "step_budget_ms_for_5x": 1e3 * hf_step / 5,
+        "matmul_attention_ms_per_step": {k: 1e3 * v for k, v in floor_attn.items()},
+        "attention_slots": slots,
+        "fastest_matmul_attention": best_attn,
+        "max_speedup_vs_hf_generate_with_attention": hf_step / floor_attn[best_attn],
         "setup": {"batch": args.batch, "prompt": args.prompt, "steps": args.steps, "repeats": args.repeats,
                   "layers": len(layers), "hidden": int(unembed.shape[0]), "vocab": int(unembed.shape[1])},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
@@ -141,6 +192,10 @@ def main() -> None:
     for k, v in floor.items():
         print(f"matmuls only, {k:<16} {1e3 * v:.3f} ms per step")
     print(f"max_speedup_vs_hf_generate (matmuls only, {best}): {result['max_speedup_vs_hf_generate']:.2f}x")
+    for k, v in floor_attn.items():
+        print(f"matmuls + attention over {slots} slots, {k:<16} {1e3 * v:.3f} ms per step")
+    print(f"max_speedup_vs_hf_generate_with_attention ({best_attn}): "
+          f"{result['max_speedup_vs_hf_generate_with_attention']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -51,7 +51,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 def library_kernel_role(op: str) -> str:
     """What a YNNPACK kernel (matmul or reduction) does in the decode step, from its op name."""
-    if op.startswith("bkqd,bksd->bkqs"):
+    if op.startswith(("bkqd,bkds->bkqs", "bkqd,bksd->bkqs")):  # keys as cached [Dh, S], or [S, Dh]
         return "attention scores (q . k over the window)"
     if op.startswith("bkqs,bksd->bkqd"):
         return "attention values (p . v over the window)"

@@ -72,12 +72,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, causal: bool = False,
-              kv_heads_first: bool = False) -> jax.Array:
+              cache_layout: bool = False) -> jax.Array:
     """Grouped-query softmax attention.
 
     Args:
-      q: `[B, T, H, Dh]`; k, v: `[B, S, K, Dh]` with H % K == 0, or `[B, K, S, Dh]` when
-        `kv_heads_first` (the KV cache's layout, so decoding never transposes the cache).
+      q: `[B, T, H, Dh]`; k, v: `[B, S, K, Dh]` with H % K == 0, or, with `cache_layout`,
+        k `[B, K, Dh, S]` and v `[B, K, S, Dh]` (the KV cache's layouts, so decoding never
+        transposes the cache).
       mask: bool `[B, T, S]`, True where query t may attend to key s.
       causal: promise that S == T and mask[b, t, s] is False for s > t (static). Queries then
         run in blocks and block i skips the keys after its last query, which mask hides anyway.
@@ -91,9 +92,12 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
     product (T*Dh multiplies instead of T*S).
     """
     b, t, h, dh = q.shape
-    if not kv_heads_first:
+    if cache_layout:
+        k_eq = "bkqd,bkds->bkqs"  # keys [B, K, Dh, S]
+    else:
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, S, Dh]
-    kv, s_len = k.shape[1], k.shape[2]
+        k_eq = "bkqd,bksd->bkqs"
+    kv, s_len = v.shape[1], v.shape[2]
     g = h // kv
     if causal and s_len != t:
         raise ValueError(f"causal attention needs S == T, got q {q.shape}, k {k.shape}")
@@ -110,7 +114,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
         n = stop if causal else s_len  # keys this block can see
         rows = stop - start
         qi = qi.reshape(b, kv, g * rows, dh)
-        s = jnp.einsum("bkqd,bksd->bkqs", qi, k[:, :, :n], preferred_element_type=jnp.float32)
+        k_n = k[..., :n] if cache_layout else k[:, :, :n]
+        s = jnp.einsum(k_eq, qi, k_n, preferred_element_type=jnp.float32)
         s = jnp.where(mask[:, None, None, start:stop, :n], s.reshape(b, kv, g, rows, n), MASKED)
         w = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(b, kv, g * rows, n)
         o = jnp.einsum("bkqs,bksd->bkqd", w, v[:, :, :n])

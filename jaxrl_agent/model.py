@@ -293,14 +293,16 @@ class CausalLM(nnx.Module):
             x, ks, vs = carry
             q, k, v = self._qkv(p, x, cos, sin)
             if cache.per_layer:  # unrolled: `layer` is a Python int, each layer its own buffer
-                k_l, v_l = kv_cache.write_slots(ks[layer], slots, k), kv_cache.write_slots(vs[layer], slots, v)
+                k_l = kv_cache.write_slots(ks[layer], slots, k, slots_last=True)
+                v_l = kv_cache.write_slots(vs[layer], slots, v)
                 ks, vs = ks[:layer] + (k_l,) + ks[layer + 1:], vs[:layer] + (v_l,) + vs[layer + 1:]
             else:  # scanned: `layer` is traced, write into and read from the stacked arrays
-                ks, vs = kv_cache.write_slots(ks, slots, k, layer), kv_cache.write_slots(vs, slots, v, layer)
+                ks = kv_cache.write_slots(ks, slots, k, layer, slots_last=True)
+                vs = kv_cache.write_slots(vs, slots, v, layer)
                 k_l, v_l = ks[layer], vs[layer]
             if w < cache.capacity:
-                k_l, v_l = k_l[:, :, :w], v_l[:, :, :w]
-            return self._finish_block(p, x, attention(q, k_l, v_l, mask, kv_heads_first=True)), ks, vs
+                k_l, v_l = k_l[..., :w], v_l[:, :, :w]
+            return self._finish_block(p, x, attention(q, k_l, v_l, mask, cache_layout=True)), ks, vs
 
         x, ks, vs = self._layers(body, (self._get("embed")[tokens], cache.k, cache.v), hoist=True)
         hidden = rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)

@@ -166,6 +166,11 @@ def test_cache_writes_past_capacity_are_dropped_not_clamped():
     np.testing.assert_array_equal(out[1, 0, 0, 3], new[0, 0, 0])
     one = kv_cache.write_slots(filled[1], slots, new)  # one layer's [B, K, S, Dh] array
     np.testing.assert_array_equal(one, out[1])
+    # Keys keep slots last ([B, K, Dh, S]): the same write, transposed.
+    keys = kv_cache.write_slots(filled.swapaxes(-1, -2), slots, new, jnp.int32(1), slots_last=True)
+    np.testing.assert_array_equal(keys, out.swapaxes(-1, -2))
+    keys_one = kv_cache.write_slots(filled[1].swapaxes(-1, -2), slots, new, slots_last=True)
+    np.testing.assert_array_equal(keys_one, out[1].swapaxes(-1, -2))
     for per_layer in (False, True):
         assert kv_cache.init_cache(2, 1, 4, 1, 2, per_layer=per_layer).capacity == 4
 
