@@ -83,6 +83,9 @@ class SamplingConfig:
     """S, KV-cache slots per row: the longest episode (prompt + all turns) a row can hold."""
     prefill_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     """Allowed prefill chunk lengths; a chunk is padded up to the smallest bucket that fits."""
+    prefill_row_buckets: tuple[int, ...] = ()
+    """Allowed row counts of one prefill call: the rows with text to prefill are padded up to
+    the smallest that fits (batch_size is always allowed). Empty: ceil(B/4), ceil(B/2), B."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""
     decode_window: int = 256

@@ -153,6 +153,38 @@ def prefill(
     return cache, jnp.where(got[:, None], new_logits, logits)
 
 
+def prefill_rows(
+    model: CausalLM, cache: KVCache, logits: jax.Array, rows: jax.Array, tokens: jax.Array, valid: jax.Array,
+    reset: jax.Array,
+) -> tuple[KVCache, jax.Array]:
+    """`prefill` on R of the B rows: gather their cache rows, append, scatter them back.
+
+    A flush where a few rows received a tool result then costs what those rows hold, not what
+    the whole batch holds; the gather and scatter copy R rows of the cache, which is cheap
+    next to running the model on B rows of padding.
+
+    Args:
+      rows: int32 `[R]` distinct row indices (R == B: all rows, and then `rows` is ignored).
+      tokens, valid: `[R, T]`, reset `[R]`: as in `prefill`, for those rows in that order
+        (a row with no valid token and no reset is left as it is).
+      cache, logits: the whole batch, `[B, ...]`.
+    Returns:
+      (cache, logits) of the whole batch, changed only in the prefilled rows.
+    """
+    if tokens.shape[0] == logits.shape[0]:
+        return prefill(model, cache, logits, tokens, valid, reset)
+    take = (lambda a: a[rows]) if cache.per_layer else (lambda a: a[:, rows])
+    sub = KVCache(k=jax.tree.map(take, cache.k), v=jax.tree.map(take, cache.v), lengths=cache.lengths[rows])
+    sub, sub_logits = prefill(model, sub, logits[rows], tokens, valid, reset)
+    if cache.per_layer:
+        put = lambda a, new: a.at[rows].set(new)  # noqa: E731
+    else:
+        put = lambda a, new: a.at[:, rows].set(new)  # noqa: E731
+    cache = KVCache(k=jax.tree.map(put, cache.k, sub.k), v=jax.tree.map(put, cache.v, sub.v),
+                    lengths=cache.lengths.at[rows].set(sub.lengths))
+    return cache, logits.at[rows].set(sub_logits)
+
+
 def generate(
     model: CausalLM,
     cache: KVCache,
@@ -239,16 +271,16 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
     buffers are donated: the caller must use the returned ones.
 
     Returns:
-      (prefill_fn(state, cache, logits, tokens [B, T], valid [B, T], reset [B]) -> (cache, logits),
+      (prefill_fn(state, cache, logits, rows [R], tokens [R, T], valid [R, T], reset [R]) -> (cache, logits),
        generate_fn(state, cache, logits, base_seed, episode_seeds [B], active [B], max_new [B],
                    stop_ids [B, M]) -> (TurnOutput, cache, logits)).
-      T is whatever chunk length is passed: one compilation per distinct T (the engine
-      passes only bucket lengths).
+      R and T are whatever row count and chunk length are passed (`prefill_rows`): one
+      compilation per distinct (R, T) (the engine passes only bucket sizes).
     """
 
     @partial(jax.jit, donate_argnums=(1, 2))
-    def prefill_fn(state, cache, logits, tokens, valid, reset):
-        return prefill(nnx.merge(graphdef, state), cache, logits, tokens, valid, reset)
+    def prefill_fn(state, cache, logits, rows, tokens, valid, reset):
+        return prefill_rows(nnx.merge(graphdef, state), cache, logits, rows, tokens, valid, reset)
 
     @partial(jax.jit, donate_argnums=(1, 2))
     def generate_fn(state, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids):

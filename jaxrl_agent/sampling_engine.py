@@ -12,11 +12,12 @@ logits) and a host mirror of each row's tokens. A rollout loop talks to it per t
     eng.end_episode(row)                           # the row is free (or start_episode again)
     eng.update_params(model)                       # after an optimiser step; no recompilation
 
-Text staged by `start_episode` / `append` is prefilled lazily, for all rows at once, by the
-next `sample_turn` (or `flush`), in one chunk padded to the smallest prefill bucket. Only two
-kinds of shapes ever reach the compiled functions: one prefill per bucket length and one
-decode loop, so after `warmup` a whole multi-turn rollout (and every later iteration with new
-params) compiles nothing. Bad input raises a ValueError at the call that caused it, before any
+Text staged by `start_episode` / `append` is prefilled lazily by the next `sample_turn` (or
+`flush`): one prefill call per bucket length in use, each on just the rows whose chunk needs
+that bucket (padded to a row bucket), so a flush costs what was staged, not B rows of the
+longest chunk. Only bucketed shapes ever reach the compiled functions: one prefill per (row
+bucket, length bucket) and one decode loop, so after `warmup` a whole multi-turn rollout (and
+every later iteration with new params) compiles nothing. Bad input raises a ValueError at the call that caused it, before any
 state changes.
 """
 from __future__ import annotations
@@ -71,6 +72,7 @@ class SamplingEngine:
         self.cache = model.init_cache(b, s)
         self.logits = jnp.zeros((b, self.vocab_size), jnp.float32)
         self.buckets = tuple(sorted(config.prefill_buckets))
+        self.row_buckets = _row_buckets(config)
         self._base_seed = np.uint32(config.seed % 2**32)
         # ---- host mirror: what each row holds and what is staged for it ----
         self._tokens: list[list[int]] = [[] for _ in range(b)]  # ids in the cache (+ staged)
@@ -156,18 +158,30 @@ class SamplingEngine:
     # ---- device calls ----
 
     def flush(self) -> None:
-        """Prefill every staged chunk in one call, padded to the smallest bucket that fits all."""
+        """Prefill every staged chunk: one call per length bucket, on the rows that need it."""
         lens = np.array([len(s) for s in self._staged])
         if not lens.any():
             return
-        t = next(b for b in self.buckets if b >= lens.max())  # _check_fits guarantees one exists
-        tokens = np.zeros((len(lens), t), np.int32)  # [B, T]
-        for b, ids in enumerate(self._staged):
-            tokens[b, : len(ids)] = ids
-        valid = (np.arange(t)[None, :] < lens[:, None]).astype(np.int32)  # [B, T]
-        self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, tokens, valid, self._reset.copy())
+        # _check_fits guarantees every chunk has a bucket.
+        need = {int(b): next(t for t in self.buckets if t >= lens[b]) for b in np.flatnonzero(lens)}
+        for t in sorted(set(need.values())):
+            group = [b for b, tb in need.items() if tb == t]
+            r = next(n for n in self.row_buckets if n >= len(group))
+            # Pad with other rows, distinct so the scatter back is well defined: no valid
+            # token and no reset leaves them as they are.
+            rows = group + [b for b in range(self.config.batch_size) if b not in need.keys() or need[b] != t]
+            rows = np.array(rows[:r] if r < self.config.batch_size else sorted(rows), np.int32)
+            tokens = np.zeros((r, t), np.int32)  # [R, T]
+            valid = np.zeros((r, t), np.int32)
+            reset = np.zeros(r, bool)
+            for i, b in enumerate(rows):
+                if need.get(int(b)) == t:
+                    tokens[i, : lens[b]] = self._staged[b]
+                    valid[i, : lens[b]] = 1
+                    reset[i] = self._reset[b]
+            self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, rows, tokens, valid, reset)
+            self.tokens_prefill_padded += len(group) * t
         self.tokens_prefilled += int(lens.sum())
-        self.tokens_prefill_padded += int((lens > 0).sum()) * t
         self._staged = [[] for _ in lens]
         self._reset[:] = False
 
@@ -215,11 +229,15 @@ class SamplingEngine:
         )
 
     def warmup(self) -> None:
-        """Compile the prefill of every bucket and the decode loop without changing any row."""
+        """Compile the prefill of every (row bucket, length bucket) and the decode loop without
+        changing any row."""
         b = self.config.batch_size
-        for t in self.buckets:
-            zeros = np.zeros((b, t), np.int32)  # no valid token: no row changes
-            self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, zeros, zeros, np.zeros(b, bool))
+        for r in self.row_buckets:
+            rows = np.arange(r, dtype=np.int32)
+            for t in self.buckets:
+                zeros = np.zeros((r, t), np.int32)  # no valid token: no row changes
+                self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, rows, zeros, zeros,
+                                                           np.zeros(r, bool))
         none = np.zeros(b, bool)
         _, self.cache, self.logits = self._generate_fn(
             self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), none, np.zeros(b, np.int32),
@@ -227,7 +245,8 @@ class SamplingEngine:
         )
 
     def num_compiled(self) -> int:
-        """Compiled variants of the prefill and decode functions so far (one per bucket used + 1)."""
+        """Compiled variants of the prefill and decode functions so far (one per (row bucket,
+        length bucket) used, + 1)."""
         return self._prefill_fn._cache_size() + self._generate_fn._cache_size()
 
     # ---- validation ----
@@ -265,6 +284,13 @@ class SamplingEngine:
         return row
 
 
+def _row_buckets(cfg: SamplingConfig) -> tuple[int, ...]:
+    """The allowed row counts of a prefill call, ascending, always ending with B."""
+    b = cfg.batch_size
+    given = cfg.prefill_row_buckets or (-(-b // 4), -(-b // 2))
+    return tuple(sorted(set(given) | {b}))
+
+
 def _check_config(cfg: SamplingConfig, vocab_size: int) -> None:
     """Raise a ValueError for a SamplingConfig the engine cannot run."""
     problems = []
@@ -278,6 +304,8 @@ def _check_config(cfg: SamplingConfig, vocab_size: int) -> None:
         problems.append("batch_size, cache_size and max_new_tokens must be >= 1")
     if not cfg.prefill_buckets or min(cfg.prefill_buckets) < 1:
         problems.append(f"prefill_buckets={cfg.prefill_buckets} must be non-empty positive lengths")
+    if any(not 1 <= r <= cfg.batch_size for r in cfg.prefill_row_buckets):
+        problems.append(f"prefill_row_buckets={cfg.prefill_row_buckets} must lie in [1, batch_size={cfg.batch_size}]")
     if len(cfg.stop_token_ids) > cfg.max_stop_tokens:
         problems.append(f"{len(cfg.stop_token_ids)} stop_token_ids exceed max_stop_tokens={cfg.max_stop_tokens}")
     if any(not 0 <= t < vocab_size for t in cfg.stop_token_ids):

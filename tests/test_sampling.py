@@ -203,6 +203,30 @@ def test_multi_turn_equals_reprefilled_conversation(eng):
     assert eng.tokens(3) == conversation + ids
 
 
+def test_flush_prefills_only_staged_rows_per_bucket(eng, full_forward):
+    """A flush whose rows need different buckets (or nothing) runs one prefill per bucket on
+    just those rows; every row's logits still predict the token after its whole sequence,
+    and a row with nothing staged keeps its logits."""
+    prompts = [_prompt(70 + b, n) for b, n in enumerate((5, 12, 3, 6))]
+    for b in range(4):
+        eng.start_episode(b, prompts[b], seed=b)
+    eng.flush()  # buckets 8 and 16: two calls, on 3 rows (padded to 4) and 1 row
+    before = np.asarray(eng.logits).copy()
+    extra = {0: _prompt(80, 20), 2: _prompt(81, 4)}  # buckets 32 and 8; rows 1 and 3 stay put
+    padded = eng.tokens_prefill_padded
+    for b, ids in extra.items():
+        eng.append(b, ids)
+    eng.flush()
+    assert eng.tokens_prefill_padded - padded == 32 + 8  # per bucket, not B x the longest
+    seqs = [eng.tokens(b) for b in range(4)]
+    assert seqs[0] == prompts[0] + extra[0] and seqs[1] == prompts[1]
+    ref, _ = full_forward(seqs)
+    got = np.asarray(eng.logits)
+    for b in range(4):
+        np.testing.assert_allclose(got[b], ref[b, len(seqs[b]) - 1], atol=2e-4, rtol=2e-4)
+    np.testing.assert_array_equal(got[[1, 3]], before[[1, 3]])
+
+
 def test_refill_resets_the_row(eng):
     """A row refilled after a long episode behaves exactly like a fresh row (no stale cache)."""
     ep = _prompt(80, 5)
@@ -261,7 +285,8 @@ def test_no_compilation_after_warmup(model, eng):
     perturbed = nnx.state(_perturbed(seed=3))
     eng.warmup()
     before = eng.num_compiled()
-    assert before == len(SAMPLE.prefill_buckets) + 1
+    assert eng.row_buckets == (1, 2, 4)  # ceil(B/4), ceil(B/2), B for B = 4
+    assert before == len(eng.row_buckets) * len(SAMPLE.prefill_buckets) + 1
     compiles = []
 
     def listener(event, duration, **kw):
