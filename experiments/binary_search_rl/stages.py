@@ -35,6 +35,10 @@ from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import make_drills
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+# Rows of the RL and evaluation sampling engines. A row's tokens do not depend on the other
+# rows, so this only sets speed: 32 rows of 1024 slots (67 MB of KV cache) outgrow the 32 MB
+# L3 cache and decoded a 48-episode rollout slower than 16 rows (15 s against 11 s).
+ENGINE_ROWS = 16
 
 
 def tools_config(cfg: StudyConfig) -> ToolConfig:
@@ -244,7 +248,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                     num_train_tasks=r.num_train_tasks, eval_samples=1, eval_every=r.eval_every,
                     shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=cfg.seed,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
-        rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=32),
+        rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
         # group baselines need the whole batch: computed once before the mini-batch split
         train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef, agg=r.agg),
                           use_ref=r.kl_coef > 0,
@@ -297,7 +301,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox) -> dict:
     model, tok = load_policy(policy)
     chat = ChatFormat(tok, tool_style="short")
     rollout = RolloutConfig()
-    engine = SamplingEngine(model, agent_sampling(batch_size=32, stop_token_ids=tuple(tok.stop_ids),
+    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))
     out: dict = {}
     for split, (tasks, k) in eval_sets(cfg).items():
