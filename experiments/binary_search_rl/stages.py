@@ -79,13 +79,19 @@ def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
 
 
 # ---- 1. demonstrations ----
+def _demo_stamp(cfg: StudyConfig) -> dict:
+    """Everything the demonstrations depend on; the SFT stages carry it in their own stamps,
+    so new demonstrations always retrain them (the test limit is quoted in test output)."""
+    return {"demos": asdict(cfg.demos), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s}
+
+
 def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     """One expert episode per training task, the style drawn per task from
     `cfg.demos.style_weights`; saved as JSONL (ids, masks, reward, info)."""
     d = cfg.demos
     if len(d.style_weights) != len(STYLES):
         raise ValueError(f"demos.style_weights needs {len(STYLES)} weights for {STYLES}, got {d.style_weights}")
-    stamp = {"demos": asdict(d), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s}
+    stamp = _demo_stamp(cfg)
     path = os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")
     done = cached(cfg, "demos", stamp)
     if done is not None and os.path.exists(path):
@@ -194,7 +200,7 @@ def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
         demos, done["demos"] = demonstrations(cfg, sandbox)
         print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
               flush=True)
-    demo_stamp = {"demos": asdict(cfg.demos), "seed": cfg.seed}
+    demo_stamp = _demo_stamp(cfg)
     base = pretrain(cfg)
     if base is not None:
         done["pretrain"] = base

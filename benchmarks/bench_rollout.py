@@ -1,0 +1,125 @@
+"""One RL iteration's agent rollout, side by side: the engine's row-subset flush, the agent's
+run_tests CPU limit and the engine's row count, each against what it replaced (HOST + DEVICE).
+
+    python benchmarks/bench_rollout.py [--tasks 6] [--group 8] [--repeats 2]
+
+A rollout is `collect_episodes` on `--tasks` train-split tasks x `--group` episodes with the
+shipped demo policy (the study's tiny SFT policy), the agent jobs' engine shape (1024 slots,
+96 tokens per turn) and the study's 2 sandbox workers: sampling, tool calls and verification
+all share this machine's cores, as in training. Settings, each a full rollout on the same
+tasks and seeds, alternated repeat by repeat:
+
+- `whole_batch_flush_t0.5_rows32`: the study's previous setting. Every flush prefilled all
+  32 rows, padded to the longest staged chunk (the engine's former `flush`, reproduced here),
+  and a looping test could burn 0.5 CPU-seconds per test;
+- `row_flush_t0.5_rows32`: the engine's flush now: one prefill per length bucket, on just
+  the rows that need it;
+- `row_flush_t0.05_rows32`: plus a 0.05 s CPU limit per test;
+- `row_flush_t0.05_rows16`: plus 16 engine rows (the study's setting now).
+
+Episodes differ between the two limits only where a test timed out (its message quotes the
+limit). Prints seconds per rollout, where the time went and each ratio to the first setting;
+writes benchmarks/results/rollout.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxrl_agent.config import RolloutConfig
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import generate_tasks
+from jaxrl_agent.env.tools import ToolConfig
+from jaxrl_agent.pipelines import DEMO_POLICY_DIR, agent_sampling, load_policy
+from jaxrl_agent.rollout import collect_episodes
+from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.tokenizer import ChatFormat
+
+SETTINGS = {  # name: (flush, test CPU limit s, engine rows)
+    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32),
+    "row_flush_t0.5_rows32": ("rows", 0.5, 32),
+    "row_flush_t0.05_rows32": ("rows", 0.05, 32),
+    "row_flush_t0.05_rows16": ("rows", 0.05, 16),
+}
+
+
+def whole_batch_flush(eng: SamplingEngine) -> None:
+    """The engine's former `flush`: one prefill of all B rows, padded to the longest chunk."""
+    lens = np.array([len(s) for s in eng._staged])
+    if not lens.any():
+        return
+    t = next(b for b in eng.buckets if b >= lens.max())
+    tokens = np.zeros((len(lens), t), np.int32)
+    for b, ids in enumerate(eng._staged):
+        tokens[b, : len(ids)] = ids
+    valid = (np.arange(t)[None, :] < lens[:, None]).astype(np.int32)
+    rows = np.arange(len(lens), dtype=np.int32)
+    eng.cache, eng.logits = eng._prefill_fn(eng.state, eng.cache, eng.logits, rows, tokens, valid, eng._reset.copy())
+    eng.tokens_prefilled += int(lens.sum())
+    eng.tokens_prefill_padded += int((lens > 0).sum()) * t
+    eng._staged = [[] for _ in lens]
+    eng._reset[:] = False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=6)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout.json"))
+    args = ap.parse_args()
+    model, tok = load_policy(DEMO_POLICY_DIR)
+    chat = ChatFormat(tok, tool_style="short")
+    tasks = generate_tasks("train", args.tasks, 123)
+    rollout = RolloutConfig(group_size=args.group)
+    engines = {}
+    for name, (flush, _, rows) in SETTINGS.items():
+        eng = SamplingEngine(model, agent_sampling(batch_size=rows, stop_token_ids=tuple(tok.stop_ids), seed=0))
+        if flush == "whole_batch":
+            eng.flush = (lambda e: lambda: whole_batch_flush(e))(eng)
+        engines[name] = eng
+    seconds = {name: [] for name in SETTINGS}
+    parts = {name: [] for name in SETTINGS}
+    with Sandbox(num_workers=2) as sandbox:
+        for name, eng in engines.items():  # compile every shape and warm the sandbox once
+            eng.warmup()
+            collect_episodes(tasks[:1], eng, chat, sandbox, RolloutConfig(group_size=2),
+                             ToolConfig(test_timeout_s=SETTINGS[name][1]), seed=1)
+        for rep in range(args.repeats):
+            names = list(SETTINGS) if rep % 2 == 0 else list(SETTINGS)[::-1]
+            for name in names:
+                t0 = time.perf_counter()
+                eps, stats = collect_episodes(tasks, engines[name], chat, sandbox, rollout,
+                                              ToolConfig(test_timeout_s=SETTINGS[name][1]), seed=7)
+                seconds[name].append(time.perf_counter() - t0)
+                parts[name].append({"sampling_s": stats.seconds_sampling, "tools_s_summed": stats.seconds_tools,
+                                    "verify_s_summed": stats.seconds_verify, "tokens_sampled": stats.tokens_sampled,
+                                    "success": float(np.mean([e.reward for e in eps]))})
+    med = {k: float(np.median(v)) for k, v in seconds.items()}
+    base = med[next(iter(SETTINGS))]
+    result = {
+        "median_seconds": med, "all_seconds": seconds, "ratio_to_previous_setting": {k: base / v for k, v in med.items()},
+        "speedup_study_setting_vs_previous": base / med["row_flush_t0.05_rows16"], "parts": parts,
+        "setup": {"tasks": args.tasks, "group": args.group, "repeats": args.repeats, "episodes": args.tasks * args.group,
+                  "policy": "jaxrl_agent/assets/demo_policy", "sandbox_workers": 2},
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__},
+    }
+    print(f"rollout of {args.tasks} tasks x {args.group} episodes (demo policy, 2 sandbox workers)")
+    print(f"{'setting':34s} {'median s':>9s} {'speedup':>8s} {'sampling s':>11s} {'success':>8s}")
+    for name in SETTINGS:
+        p = parts[name][-1]
+        print(f"{name:34s} {med[name]:9.1f} {base / med[name]:8.2f} {p['sampling_s']:11.1f} {p['success']:8.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
