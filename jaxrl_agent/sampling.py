@@ -5,7 +5,7 @@ host-side driver (multi-turn episodes, continuous batching, shape buckets).
 
 Engine state on device is a pair `(cache, logits)`:
 
-    cache   KVCache, k/v [L, B, S, K, Dh], lengths [B]   every token of row b's episode so far
+    cache   KVCache (kv_cache.py), lengths [B]           every token of row b's episode so far
     logits  [B, V] float32                               next-token logits of each row
 
 Invariant: every token of an episode enters the cache exactly once, either by `prefill` (text

@@ -17,8 +17,8 @@ Text staged by `start_episode` / `append` is prefilled lazily by the next `sampl
 that bucket (padded to a row bucket), so a flush costs what was staged, not B rows of the
 longest chunk. Only bucketed shapes ever reach the compiled functions: one prefill per (row
 bucket, length bucket) and one decode loop, so after `warmup` a whole multi-turn rollout (and
-every later iteration with new params) compiles nothing. Bad input raises a ValueError at the call that caused it, before any
-state changes.
+every later iteration with new params) compiles nothing. Bad input raises a ValueError at the
+call that caused it, before any state changes.
 """
 from __future__ import annotations
 

@@ -377,6 +377,7 @@ def test_bad_inputs_raise_clear_errors(model, eng):
         (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, top_p=0.0)), "top_p"),
         (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, temperature=-1.0)), "temperature"),
         (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, stop_token_ids=(500,))), "stop_token_ids"),
+        (lambda: SamplingEngine(model, dataclasses.replace(SAMPLE, prefill_row_buckets=(2, 5))), "prefill_row_buckets"),
     ]
     eng.end_episode(3)
     for fn, match in cases:
