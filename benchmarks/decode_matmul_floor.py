@@ -16,8 +16,8 @@ after a 128-token prompt, as in bench_sampling.py) for its time per generated st
 these two libraries' f32 matmul kernels could reach on this machine: attention, sampling, cache
 writes and loop control all come on top. A second floor adds the one piece of that no sampler
 can skip: each layer's attention of the 16 queries over a cache of the benchmark's mean length
-(prompt + half the new tokens), written as two einsums and a softmax in each library. Prints a table and writes
-benchmarks/results/decode_matmul_floor.json.
+(prompt + half the new tokens), written as two einsums and a softmax in each library. Prints a
+table and writes benchmarks/results/decode_matmul_floor.json.
 """
 from __future__ import annotations
 

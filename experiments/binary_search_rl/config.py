@@ -133,7 +133,8 @@ class StudyConfig:
     """Per-test CPU-time limit (seconds, ITIMER_PROF) of the agent's run_tests. A correct
     solution in this family runs a test in well under a millisecond; a loop bug burns the whole
     limit per looping test, on the 2 cores the sampler needs too (0.5 -> 0.05 cut a 48-episode
-    rollout from 26 s to 16 s). The verifier keeps its own limit (verifier.TEST_TIMEOUT_S)."""
+    rollout from 23.8 s to 13.9 s in `benchmarks/bench_rollout.py`). The verifier keeps its own
+    limit (verifier.TEST_TIMEOUT_S)."""
     work_dir: str = "runs/binary_search_rl"
     """Large artefacts: demonstrations, checkpoints, policies. Finished stages are reused
     from here when their config is unchanged (delete the directory to start over)."""

@@ -37,7 +37,7 @@ from experiments.binary_search_rl.drills import make_drills
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 # Rows of the RL and evaluation sampling engines. A row's tokens do not depend on the other
 # rows, so this only sets speed: 32 rows of 1024 slots (67 MB of KV cache) outgrow the 32 MB
-# L3 cache and decoded a 48-episode rollout slower than 16 rows (15 s against 11 s).
+# L3 cache: a 48-episode rollout took 13.9 s against 11.6 s with 16 (benchmarks/bench_rollout.py).
 ENGINE_ROWS = 16
 
 
