@@ -169,7 +169,7 @@ class SamplingEngine:
             r = next(n for n in self.row_buckets if n >= len(group))
             # Pad with other rows, distinct so the scatter back is well defined: no valid
             # token and no reset leaves them as they are.
-            rows = group + [b for b in range(self.config.batch_size) if b not in need.keys() or need[b] != t]
+            rows = group + [b for b in range(self.config.batch_size) if need.get(b) != t]
             rows = np.array(rows[:r] if r < self.config.batch_size else sorted(rows), np.int32)
             tokens = np.zeros((r, t), np.int32)  # [R, T]
             valid = np.zeros((r, t), np.int32)
