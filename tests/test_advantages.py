@@ -109,14 +109,45 @@ def test_gae_mask_vs_slice(data):
     np.testing.assert_allclose(np.asarray(full)[:, :30], sliced, rtol=RTOL, atol=ATOL)
 
 
-def test_gae_finite_gradients(data):
-    def f(v):
-        adv, ret = A.gae(data["rewards"], v, data["mask"], gamma=0.99, lam=0.95, method="associative")
+@pytest.mark.parametrize("method", ["scan", "associative"])
+def test_gae_finite_gradients(data, method):
+    def f(r, v):
+        adv, ret = A.gae(r, v, data["mask"], gamma=0.99, lam=0.95, method=method)
         return jnp.sum(adv**2) + jnp.sum(ret)
 
-    g = jax.grad(f)(jnp.asarray(data["values"]))
-    assert np.all(np.isfinite(g))
-    assert np.all(np.asarray(g)[data["mask"] == 0] == 0)
+    grads = jax.grad(f, argnums=(0, 1))(jnp.asarray(data["rewards"]), jnp.asarray(data["values"]))
+    for g in grads:
+        assert np.all(np.isfinite(g))
+        assert np.all(np.asarray(g)[data["mask"] == 0] == 0)
+
+
+def _nan_rows(x):
+    return [np.flatnonzero(np.isnan(row)).tolist() for row in np.asarray(x)]
+
+
+def test_gae_nan_reward_on_a_policy_token_propagates(data):
+    """The scan marks observation tokens with a NaN bit pattern in the rewards; a NaN reward,
+    or one that carries exactly that pattern, on a policy token must still poison the policy
+    tokens before it, as in the associative form, never pass for an observation token."""
+    r, v, m = data["rewards"].copy(), data["values"], data["mask"]
+    b, t = 0, int(np.flatnonzero(m[0])[-1])  # last policy token of row 0
+    for bad in (np.float32(np.nan), np.array([0x7FC0BAD1], np.uint32).view(np.float32)[0]):
+        r[b, t] = bad
+        scan_adv, _ = gae_scan(r, v, m, gamma=0.99, lam=0.95, method="scan")
+        assoc_adv, _ = gae_scan(r, v, m, gamma=0.99, lam=0.95, method="associative")
+        want = [np.flatnonzero(m[b, : t + 1]).tolist()] + [[]] * (r.shape[0] - 1)
+        assert _nan_rows(scan_adv) == want  # every policy token up to t, nothing else
+        assert _nan_rows(np.where(m > 0, assoc_adv, 0.0)) == want
+
+
+def test_gae_float64_matches_numpy(data):
+    with jax.enable_x64(True):
+        r, v, m = (np.asarray(data[k], np.float64) for k in ("rewards", "values", "mask"))
+        adv, ret = A.gae(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), gamma=0.99, lam=0.95)
+        assert adv.dtype == jnp.float64
+        adv_ref, ret_ref = ref.gae(r, v, m, 0.99, 0.95)
+        np.testing.assert_allclose(adv, adv_ref, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(ret, ret_ref, rtol=1e-12, atol=1e-12)
 
 
 def test_gae_shape_errors():
