@@ -23,6 +23,13 @@ works in a [B, K, G*T, Dh] layout with causal query blocks (model.py / layers.py
 gradient went 2.75 s -> 1.13 s on a loaded machine. Most of what is left is GEMM time
 (~60%), then the masked softmax and SwiGLU elementwise passes.
 
+Allocator: XLA:CPU takes each step's scratch (782 MB at the tiny size, `xla_temp_bytes_per_step`)
+from malloc and frees it after the call; glibc's malloc maps it afresh on every step and faults
+it in 4 KiB at a time. By default the script re-executes itself with tcmalloc preloaded when
+the machine has it, as the project's entry points do (jaxrl_agent/malloc_env.py), so both
+contenders run with it, and then reruns the tiny size in a child process with the default
+malloc: the JSON holds both (`malloc`, `default_malloc`).
+
 How close to the machine: each size also reports the step's matmul FLOPs per second (an
 analytic count, `step_matmul_flops`) against the GFLOP/s of its largest GEMM run alone
 (`gemm_ceiling`), for both libraries, and the share of that ceiling a step 1.5x faster than
@@ -34,6 +41,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +55,7 @@ import transformers
 from jaxrl_agent.config import LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.hf import load_pretrained
 from jaxrl_agent.loss_registry import LOSSES
+from jaxrl_agent.malloc_env import reexec_with_tcmalloc, tcmalloc_active, without_tcmalloc
 from jaxrl_agent.sharding import make_mesh
 from jaxrl_agent.train_step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate
@@ -209,6 +219,8 @@ def run(size: str, B: int, T: int, repeats: int) -> dict:
     logp_err = float(np.abs(tlp.numpy()[mask] - np.asarray(ours.logp)[mask]).max())
     torch_step = make_torch_step(hf_model, batch)
     dev_batch = jax.device_put(batch, ts.batch_sharding)
+    # XLA:CPU allocates this much scratch per step call (why the malloc setting matters)
+    temp_bytes = int(ts.step.lower(state, dev_batch).compile().memory_analysis().temp_size_in_bytes)
     state, metrics = ts.step(state, dev_batch)  # compile + first step
     jax.block_until_ready(state)
     (loss_torch, gnorm_torch), loss_ours, gnorm_ours = torch_step(), float(metrics["loss"]), float(metrics["grad_norm"])
@@ -254,28 +266,61 @@ def run(size: str, B: int, T: int, repeats: int) -> dict:
         "params": sum(p.numel() for p in hf_model.parameters()), "model": SIZES[size],
         "max_logp_abs_diff": logp_err, "first_loss_ours": loss_ours, "first_loss_torch": loss_torch,
         "first_grad_norm_ours": gnorm_ours, "first_grad_norm_torch": gnorm_torch,
+        "xla_temp_bytes_per_step": temp_bytes,
     }
 
 
 # ---- main ----
+def default_malloc_run(args) -> dict:
+    """The tiny size again in a child process started with glibc's default malloc settings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "default_malloc.json"
+        cmd = [sys.executable, __file__, "--malloc", "default", "--sizes", "tiny", "--batch", str(args.batch),
+               "--seq", str(args.seq), "--repeats", str(args.repeats), "--out", str(out)]
+        subprocess.run(cmd, check=True, env=without_tcmalloc(dict(os.environ)))
+        child = json.loads(out.read_text())
+    tiny = child["sizes"]["tiny"]
+    return {"malloc": child["malloc"], "speedup_vs_torch": tiny["speedup_vs_torch"],
+            "ours_step_s_median": tiny["ours_step_s_median"], "torch_step_s_median": tiny["torch_step_s_median"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of " + ",".join(SIZES))
+    ap.add_argument("--malloc", choices=("tcmalloc", "default"), default="tcmalloc",
+                    help="tcmalloc: re-exec with tcmalloc preloaded when the machine has it, as the project's "
+                         "entry points do (jaxrl_agent/malloc_env.py), then rerun the tiny size with the "
+                         "default malloc in a child process for comparison; default: this process as started")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
     args = ap.parse_args()
-    rows = {size: run(size, args.batch, args.seq, args.repeats) for size in SIZES}
+    if args.malloc == "tcmalloc":
+        reexec_with_tcmalloc()  # no-op when already preloaded or not installed
+    sizes = args.sizes.split(",")
+    if "tiny" not in sizes or any(s not in SIZES for s in sizes):
+        raise SystemExit(f"--sizes must include tiny and name only {sorted(SIZES)}, got {args.sizes!r}")
+    # the comparison child runs first, while this process holds no memory yet
+    default_malloc = default_malloc_run(args) if tcmalloc_active() else None
+    rows = {size: run(size, args.batch, args.seq, args.repeats) for size in sizes}
     result = {
         "speedup_vs_torch": rows["tiny"]["speedup_vs_torch"], "sizes": rows, "loss": "grpo seq-mean-token-mean",
+        "malloc": "tcmalloc" if tcmalloc_active() else "default",
         "torch_threads": torch.get_num_threads(), "jax": jax.__version__, "torch": torch.__version__,
         "transformers": transformers.__version__, "cpu_count": os.cpu_count(), "machine": platform.machine(),
     }
+    if default_malloc is not None:
+        result["default_malloc"] = default_malloc
     print(f"{'model':<8}{'params':>10}{'ours step s':>13}{'torch step s':>14}{'ours tok/s':>12}{'torch tok/s':>13}{'speedup':>9}")
     for size, r in rows.items():
         print(f"{size:<8}{r['params']:>10}{r['ours_step_s_median']:>13.4f}{r['torch_step_s_median']:>14.4f}"
               f"{r['ours_tokens_per_s']:>12.0f}{r['torch_tokens_per_s']:>13.0f}{r['speedup_vs_torch']:>8.2f}x")
-    print(f"speedup_vs_torch (tiny): {result['speedup_vs_torch']:.2f}x")
+    print(f"speedup_vs_torch (tiny): {result['speedup_vs_torch']:.2f}x with malloc: {result['malloc']}")
+    if "default_malloc" in result:
+        d = result["default_malloc"]
+        print(f"same tiny step with glibc's default malloc (child process): ours {d['ours_step_s_median']:.4f} s, "
+              f"torch {d['torch_step_s_median']:.4f} s, {d['speedup_vs_torch']:.2f}x")
     for size, r in rows.items():
         c = r["gemm_ceiling"]
         print(f"[{size}] matmul GFLOP/s: ours {r['ours_matmul_gflops']:.0f} ({r['ours_share_of_jax_gemm_ceiling']:.0%} "

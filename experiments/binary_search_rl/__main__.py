@@ -20,6 +20,7 @@ import time
 
 from jaxrl_agent.cli import apply_overrides
 from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.tokenizer import load_tokenizer
 
 from experiments.binary_search_rl import diagnostics, report, stages
@@ -80,4 +81,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/malloc_env.py
     sys.exit(main())
