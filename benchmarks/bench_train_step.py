@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -236,11 +237,13 @@ def run(size: str, B: int, T: int, repeats: int) -> dict:
     # ratio is taken against the faster of the two (as bench_sampling.py does).
     default_threads = torch.get_num_threads()
     t_ours, t_torch = [], {n: [] for n in sorted({default_threads, 1})}
+    ours_faults = 0  # minor page faults during our steps: the malloc setting shows up here
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
         state, metrics = ts.step(state, dev_batch)
         jax.block_until_ready((state, metrics))
         t_ours.append(time.perf_counter() - t0)
+        ours_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         for n, times in t_torch.items():
             torch.set_num_threads(n)
             t0 = time.perf_counter()
@@ -266,7 +269,7 @@ def run(size: str, B: int, T: int, repeats: int) -> dict:
         "params": sum(p.numel() for p in hf_model.parameters()), "model": SIZES[size],
         "max_logp_abs_diff": logp_err, "first_loss_ours": loss_ours, "first_loss_torch": loss_torch,
         "first_grad_norm_ours": gnorm_ours, "first_grad_norm_torch": gnorm_torch,
-        "xla_temp_bytes_per_step": temp_bytes,
+        "xla_temp_bytes_per_step": temp_bytes, "ours_minor_page_faults_per_step": ours_faults / repeats,
     }
 
 
@@ -280,8 +283,8 @@ def default_malloc_run(args) -> dict:
         subprocess.run(cmd, check=True, env=without_tcmalloc(dict(os.environ)))
         child = json.loads(out.read_text())
     tiny = child["sizes"]["tiny"]
-    return {"malloc": child["malloc"], "speedup_vs_torch": tiny["speedup_vs_torch"],
-            "ours_step_s_median": tiny["ours_step_s_median"], "torch_step_s_median": tiny["torch_step_s_median"]}
+    keys = ("speedup_vs_torch", "ours_step_s_median", "torch_step_s_median", "ours_minor_page_faults_per_step")
+    return {"malloc": child["malloc"], **{k: tiny[k] for k in keys}}
 
 
 def main() -> None:
@@ -320,7 +323,9 @@ def main() -> None:
     if "default_malloc" in result:
         d = result["default_malloc"]
         print(f"same tiny step with glibc's default malloc (child process): ours {d['ours_step_s_median']:.4f} s, "
-              f"torch {d['torch_step_s_median']:.4f} s, {d['speedup_vs_torch']:.2f}x")
+              f"torch {d['torch_step_s_median']:.4f} s, {d['speedup_vs_torch']:.2f}x; minor page faults per step "
+              f"of ours: {d['ours_minor_page_faults_per_step']:.0f} (with tcmalloc: "
+              f"{rows['tiny']['ours_minor_page_faults_per_step']:.0f})")
     for size, r in rows.items():
         c = r["gemm_ceiling"]
         print(f"[{size}] matmul GFLOP/s: ours {r['ours_matmul_gflops']:.0f} ({r['ours_share_of_jax_gemm_ceiling']:.0%} "
