@@ -131,7 +131,8 @@ def test_gae_nan_reward_on_a_policy_token_propagates(data):
     tokens before it, as in the associative form, never pass for an observation token."""
     r, v, m = data["rewards"].copy(), data["values"], data["mask"]
     b, t = 0, int(np.flatnonzero(m[0])[-1])  # last policy token of row 0
-    for bad in (np.float32(np.nan), np.array([0x7FC0BAD1], np.uint32).view(np.float32)[0]):
+    _, marker_bits = A._OBSERVATION_BITS[np.dtype(np.float32)]  # the scan's own pattern
+    for bad in (np.float32(np.nan), np.array([marker_bits], np.uint32).view(np.float32)[0]):
         r[b, t] = bad
         scan_adv, _ = gae_scan(r, v, m, gamma=0.99, lam=0.95, method="scan")
         assoc_adv, _ = gae_scan(r, v, m, gamma=0.99, lam=0.95, method="associative")
