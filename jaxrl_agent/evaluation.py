@@ -4,7 +4,8 @@
 - `episode_behaviour`: what an episode did (tests run before submitting, edits, recovery
   after a failing test run, tool / interface errors) and, for a failure, the layer where it
   happened: "interface" (the call never reached the environment as meant), "basic" (legal
-  calls that made no progress), "sequential" (progress made, outcome wrong), or
+  calls that made no progress: no edit applied, no injected bug fixed, never submitted),
+  "sequential" (progress made - some bug fixed - and submitted, outcome wrong), or
   "infrastructure" (a sandbox / verifier error: not the policy's fault);
 - `summarize_episodes`: pass@1 / pass@k with Wilson 95% intervals, per template, plus the
   behaviour statistics, as one JSON-ready dict.
@@ -15,6 +16,8 @@ import math
 from typing import Sequence
 
 import numpy as np
+
+from jaxrl_agent.env.tool_calls import EDIT_TOOLS  # a leaf itself: names only
 
 FAILURE_LAYERS = ("interface", "basic", "sequential", "infrastructure")
 
@@ -40,16 +43,38 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
+def pass_at_k_curve(per_task: dict, ks: Sequence[int] = (1, 2, 4, 8)) -> dict[str, dict]:
+    """pass@k for each k in `ks` from {task: [successes, episodes]} (tasks with fewer than k
+    episodes are left out of that k), with a Wilson interval over tasks as `summarize_episodes`."""
+    out = {}
+    for k in ks:
+        usable = [(c, n) for c, n in per_task.values() if n >= k]
+        if not usable:
+            continue
+        pk = float(np.mean([pass_at_k(n, c, k) for c, n in usable]))
+        lo, hi = wilson_interval(pk * len(usable), len(usable))
+        out[f"pass{k}"] = {"value": pk, "ci_low": lo, "ci_high": hi, "n_tasks": len(usable)}
+    return out
+
+
 # ---- one episode ----
 def _test_run_failed(observation: str) -> bool:
     return any(w in observation for w in (" failed", " error", "FAILED", "ERROR", "timed out", "No tests ran"))
 
 
-def episode_behaviour(history: Sequence, termination: str | None, reward: float) -> dict:
-    """Behaviour of one episode from its `ToolSession.history` of (text, StepResult)."""
+def episode_behaviour(history: Sequence, termination: str | None, reward: float,
+                      bugs: tuple[int, int] | None = None) -> dict:
+    """Behaviour of one episode from its `ToolSession.history` of (text, StepResult).
+
+    Failure layers: "interface" (parse-error limit, or interface errors and no edit), "basic"
+    (no edit applied, never submitted, or - with `bugs`, (bugs fixed, bugs injected) from
+    `bugs_fixed` - edits that fixed none of the bugs or "fixed" all and still fail), and
+    "sequential": submitted after a failing test run that followed its last edit (did not
+    recover), or submitted with some but not all bugs fixed (stopped too early)."""
     names = []
     interface_errors = tool_errors = edits = 0
     read_file = ran_tests = tests_after_last_edit = saw_failure = edit_after_failure = False
+    failing_after_last_edit = False  # the last test run after an edit failed: recovery was called for
     for _, step in history:
         if step.error is not None:
             interface_errors += 1
@@ -60,14 +85,15 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float)
             tool_errors += 1
         if name == "read_file" and step.tool_ok:
             read_file = True
-        elif name == "str_replace" and step.tool_ok:
+        elif name in EDIT_TOOLS and step.tool_ok:
             edits += 1
-            tests_after_last_edit = False
+            tests_after_last_edit = failing_after_last_edit = False
             edit_after_failure = edit_after_failure or saw_failure
         elif name == "run_tests":
             ran_tests = True
             tests_after_last_edit = True
             saw_failure = saw_failure or _test_run_failed(step.observation)
+            failing_after_last_edit = edits > 0 and _test_run_failed(step.observation)
     submitted = termination == "submitted"
     success = reward >= 1.0
     if success:
@@ -78,8 +104,12 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float)
         layer = "interface"
     elif edits == 0 or not submitted:
         layer = "basic"
+    elif failing_after_last_edit:
+        layer = "sequential"  # submitted although the last test run failed: did not recover
+    elif bugs is not None and bugs[1] > 0 and (bugs[0] == 0 or bugs[0] == bugs[1]):
+        layer = "basic"  # no bug fixed, or every bug "fixed" and yet wrong: the edits were wrong
     else:
-        layer = "sequential"
+        layer = "sequential"  # some bugs fixed, submitted without the rest
     return {
         "turns": len(history), "tool_calls": {n: names.count(n) for n in sorted(set(names))},
         "interface_errors": interface_errors, "tool_errors": tool_errors, "edits": edits,
@@ -88,6 +118,7 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float)
         "saw_failing_tests": saw_failure,
         "recovered": success and edit_after_failure,
         "submitted": submitted, "failure_layer": layer,
+        **({"bugs_fixed": bugs[0], "bugs_total": bugs[1]} if bugs is not None else {}),
     }
 
 
@@ -117,7 +148,8 @@ def summarize_episodes(episodes: Sequence, k: int) -> dict:
     `info["behaviour"]` (as `rollout.collect_episodes` returns them), several per task.
     pass@1 is the mean success over all episodes (interval over episodes); pass@k is the
     mean over tasks of the unbiased estimator (interval over tasks, counting a task as a
-    success with probability pass@k).
+    success with probability pass@k). `per_task` keeps [successes, episodes] per task id, so
+    pass@k for any other k up to the samples per task can be computed later (`pass_at_k_curve`).
     """
     by_task: dict[str, list] = {}
     for e in episodes:
@@ -140,6 +172,7 @@ def summarize_episodes(episodes: Sequence, k: int) -> dict:
         return out
 
     summary = block(episodes)
+    summary["per_task"] = {t: [int(sum(e.reward >= 1.0 for e in v)), len(v)] for t, v in by_task.items()}
     templates: dict[str, list] = {}
     for e in episodes:
         templates.setdefault(e.info.get("template", ""), []).append(e)

@@ -57,7 +57,7 @@ def turn_outcomes(history: Sequence) -> list[str]:
             out.append("ok")
         if name == "run_tests":
             tested_since_edit = True
-        elif name == "str_replace" and step.tool_ok:
+        elif name in EDIT_TOOLS and step.tool_ok:
             tested_since_edit = False
     return out
 

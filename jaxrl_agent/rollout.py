@@ -34,8 +34,7 @@ import numpy as np
 
 from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.env.tasks import Task, workspace_files
-from jaxrl_agent.env.tools import (TOOL_SCHEMAS, StepResult, ToolConfig, Tools, ToolSession,
-                                   create_workspaces)
+from jaxrl_agent.env.tools import StepResult, ToolConfig, Tools, ToolSession, create_workspaces
 from jaxrl_agent.env.verifier import verify
 from jaxrl_agent.evaluation import bugs_fixed, episode_behaviour
 from jaxrl_agent.rewards import turn_outcomes
@@ -137,9 +136,9 @@ def collect_episodes(
         if i not in workspaces:
             workspaces[i] = create_workspaces(workspace_files(task), os.path.join(root, f"t{i}"), G)
         tools = Tools(workspaces[i][g], sorted(task.dev_tests), sandbox, tool_cfg)
-        builder = EpisodeBuilder(chat, episode_prompt(task, cfg.system_prompt), TOOL_SCHEMAS)
+        builder = EpisodeBuilder(chat, episode_prompt(task, cfg.system_prompt), chat.tool_schemas)
         ep_seed = seed + i * G + g
-        live[row] = _Live((i, g), task, first_group_id + i, builder, ToolSession(tools, tool_cfg),
+        live[row] = _Live((i, g), task, first_group_id + i, builder, ToolSession(tools, tool_cfg, chat.tool_names),
                           workspaces[i][g], ep_seed)
         engine.start_episode(row, builder.ids, seed=ep_seed)
 
@@ -164,9 +163,9 @@ def collect_episodes(
             termination = "sandbox_error"  # the outcome is unknown: not the policy's to learn from
         info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
                 "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
-                "behaviour": episode_behaviour(ep.session.history, termination, reward),
+                "behaviour": episode_behaviour(ep.session.history, termination, reward,
+                                               bugs_fixed(ep.task, _final_sources(ep))),
                 "turn_outcomes": turn_outcomes(ep.session.history)}  # per-turn shaping reads these
-        info["behaviour"]["bugs_fixed"], info["behaviour"]["bugs_total"] = bugs_fixed(ep.task, _final_sources(ep))
         episode = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
                                        termination=termination, info=info)
         if len(episode) > cfg.max_total_tokens:

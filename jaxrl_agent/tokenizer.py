@@ -29,7 +29,7 @@ from typing import Sequence
 
 from transformers import AutoTokenizer
 
-from jaxrl_agent.env.tool_calls import format_tool_call  # noqa: F401 - one call format, re-exported
+from jaxrl_agent.env.tool_calls import TOOL_SETS, format_tool_call, tool_schemas  # noqa: F401 - one call format
 
 DEFAULT_TOKENIZER_DIR = os.path.join(os.path.dirname(__file__), "assets", "tokenizer")
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -210,15 +210,20 @@ class ChatFormat:
     Args:
       tokenizer: the `Tokenizer`.
       tool_style: "full" (schemas in the system turn, as Qwen2.5) or "short" (names only, via
-        `short_tool_prompt`, appended to the system message; for tiny models).
+        `short_tool_prompt`, appended to the system message; for tiny models). The style also
+        picks the tool set (`tool_schemas`): "full" edits with `str_replace`, "short" with the
+        line-addressed `replace_lines` (env/tool_calls.py says why).
       use_tokenizer_template: render with `tokenizer.hf.apply_chat_template` instead of
         `render_chat` (for a pretrained checkpoint's own template).
     """
 
     def __init__(self, tokenizer: Tokenizer, tool_style: str = "full", use_tokenizer_template: bool = False):
-        if tool_style not in ("full", "short"):
+        if tool_style not in TOOL_SETS:
             raise ValueError(f"tool_style must be 'full' or 'short', got {tool_style!r}")
         self.tokenizer, self.tool_style, self.use_tokenizer_template = tokenizer, tool_style, use_tokenizer_template
+        self.tool_schemas = tool_schemas(tool_style)
+        """The tools this style offers (pass them to `EpisodeBuilder` and `ToolSession`)."""
+        self.tool_names = TOOL_SETS[tool_style]
 
     def render(self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
         """The conversation text (see `render_chat`)."""

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from jaxrl_agent.env.expert import STYLES, _edits, _wrong, measure, run_expert
+from jaxrl_agent.env.expert import STYLES, _edits, _line_edits, _wrong, measure, run_expert
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolCall, ToolConfig, create_workspaces, format_tool_call, parse_tool_call
@@ -17,25 +17,29 @@ def sb():
         yield s
 
 
-def episode(sb, tmp_path, style, task=TASK, seed=0):
-    ws = create_workspaces({**task.files, **task.dev_tests}, str(tmp_path / style), 1)[0]
-    return run_expert(task, ws, sb, style, random.Random(seed))
+def episode(sb, tmp_path, style, task=TASK, seed=0, tool_style="full"):
+    ws = create_workspaces({**task.files, **task.dev_tests}, str(tmp_path / f"{style}-{tool_style}"), 1)[0]
+    return run_expert(task, ws, sb, style, random.Random(seed), tool_style=tool_style)
+
+
+EDIT = {"full": "str_replace", "short": "replace_lines"}
 
 
 def tools_used(tr):
     return [parse_tool_call(a).name for a, _ in tr.turns]
 
 
-def test_transcript_is_a_valid_episode(sb, tmp_path):
-    tr = episode(sb, tmp_path, "perfect")
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_transcript_is_a_valid_episode(sb, tmp_path, tool_style):
+    tr = episode(sb, tmp_path, "perfect", tool_style=tool_style)
     assert tr.reward == 1.0 and tr.termination == "submitted"
     for assistant, observation in tr.turns:
         c = parse_tool_call(assistant)
         assert isinstance(c, ToolCall) and assistant == format_tool_call(c.name, c.arguments)
-        assert isinstance(observation, str) and observation
+        assert isinstance(observation, str) and observation and not observation.startswith("Error")
     names = tools_used(tr)
-    assert names[-1] == "submit" and names.count("str_replace") == 2
-    assert names.index("run_tests") < names.index("str_replace")
+    assert names[-1] == "submit" and names.count(EDIT[tool_style]) == 2
+    assert names.index("run_tests") < names.index(EDIT[tool_style])
     assert tr.turns[-2][1] == "3 passed."  # re-ran the tests after the fix
     assert tr.to_dict()["turns"][0][0] == tr.turns[0][0]
 
@@ -45,19 +49,36 @@ def test_skip_tests_never_runs_them(sb, tmp_path):
     assert "run_tests" not in tools_used(tr) and tr.reward == 1.0
 
 
-def test_first_bug_only_fails_a_two_bug_task(sb, tmp_path):
-    tr = episode(sb, tmp_path, "first_bug_only")
-    assert tools_used(tr).count("str_replace") == 1
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_first_bug_only_fails_a_two_bug_task(sb, tmp_path, tool_style):
+    tr = episode(sb, tmp_path, "first_bug_only", tool_style=tool_style)
+    assert tools_used(tr).count(EDIT[tool_style]) == 1
     assert tr.reward == 0.0 and tr.verify_info["reason"] == "failed"
 
 
-def test_wrong_first_edit_recovers_after_failing_run(sb, tmp_path):
-    tr = episode(sb, tmp_path, "wrong_first_edit")
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_wrong_first_edit_recovers_after_failing_run(sb, tmp_path, tool_style):
+    tr = episode(sb, tmp_path, "wrong_first_edit", tool_style=tool_style)
     names = tools_used(tr)
-    first_edit = names.index("str_replace")
+    first_edit = names.index(EDIT[tool_style])
     assert names[first_edit + 1] == "run_tests"
     assert "failed" in tr.turns[first_edit + 1][1]
-    assert names.count("str_replace") == 3 and tr.reward == 1.0
+    assert names.count(EDIT[tool_style]) == 3 and tr.reward == 1.0
+
+
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_stop_after_failure_submits_despite_the_failing_run(sb, tmp_path, tool_style):
+    tr = episode(sb, tmp_path, "stop_after_failure", tool_style=tool_style)
+    names = tools_used(tr)
+    assert names[-3:] == [EDIT[tool_style], "run_tests", "submit"] and names.count(EDIT[tool_style]) == 1
+    assert "failed" in tr.turns[-2][1] and tr.reward == 0.0
+
+
+def test_rerun_tests_runs_them_twice_without_an_edit(sb, tmp_path):
+    tr = episode(sb, tmp_path, "rerun_tests", tool_style="short")
+    names = tools_used(tr)
+    assert names[-3:] == ["run_tests", "run_tests", "submit"] and EDIT["short"] not in names
+    assert tr.turns[-3][1] == tr.turns[-2][1] and tr.reward == 0.0
 
 
 def test_unknown_style(sb, tmp_path):
@@ -82,13 +103,25 @@ def test_edit_planning_handles_same_line_and_repeated_text():
     assert _wrong("low = mid + 1\n", "low = mid\n") == "low = mid + 2\n"
 
 
-def test_success_rates_order_on_generated_tasks(sb):
+def test_line_edits_are_whole_lines_in_file_order():
+    cur = "def f(a):\n    x = a < 1\n    y = a < 2\n    return x\n"
+    ref = "def f(a):\n    x = a <= 1\n    y = a <= 2\n    return x\n"
+    assert _line_edits(cur, ref) == [(2, 2, "    x = a <= 1"), (3, 3, "    y = a <= 2")]
+    assert _line_edits(cur, cur) == []
+    # a block that changes its line count is one call; an insertion has end = start - 1
+    assert _line_edits("a\nc\n", "a\nb\nc\n") == [(2, 1, "b")]
+    assert _line_edits("a\nb\nb\nc\n", "a\nx\nc\n") == [(2, 3, "x")]
+
+
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_success_rates_order_on_generated_tasks(sb, tool_style):
     tasks = generate_tasks("train", 4, 2)
-    res = measure(tasks, sb, styles=STYLES, cfg=ToolConfig(test_timeout_s=0.3))
+    res = measure(tasks, sb, styles=STYLES, cfg=ToolConfig(test_timeout_s=0.3), tool_style=tool_style)
     assert res["perfect"]["success_rate"] == 1.0
     assert res["skip_tests"]["success_rate"] == 1.0
     multi = sum(t.metadata["n_bugs"] > 1 for t in tasks) / len(tasks)
     assert res["first_bug_only"]["success_rate"] <= 1.0 - multi + 1e-9
+    assert res["rerun_tests"]["success_rate"] == 0.0
     for r in res.values():
         assert r["n"] == 4 and set(r["terminations"]) == {"submitted"}
 

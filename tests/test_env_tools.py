@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task
-from jaxrl_agent.env.tools import (TOOL_DESCRIPTIONS, TOOL_SCHEMAS, ParseError, ToolCall,
+from jaxrl_agent.env.tools import (TOOL_DESCRIPTIONS, TOOL_SCHEMAS, TOOL_SETS, ParseError, ToolCall,
                                    ToolConfig, Tools, ToolSession, create_workspaces,
-                                   format_tool_call, parse_tool_call)
+                                   format_tool_call, parse_tool_call, tool_schemas)
 
 TASK = binary_search_task()
 
@@ -29,10 +29,23 @@ def call(tools, name, **args):
 
 def test_schemas_and_descriptions_cover_every_tool():
     names = [s["function"]["name"] for s in TOOL_SCHEMAS]
-    assert names == ["list_files", "read_file", "str_replace", "run_tests", "submit"]
-    for s in TOOL_SCHEMAS:
+    assert names == ["list_files", "read_file", "str_replace", "run_tests", "submit"] == list(TOOL_SETS["full"])
+    short = [s["function"]["name"] for s in tool_schemas("short")]
+    assert short == ["list_files", "read_file", "replace_lines", "run_tests", "submit"]
+    for s in tool_schemas("full") + tool_schemas("short"):
         assert s["type"] == "function" and s["function"]["parameters"]["type"] == "object"
-    assert [ln.split("(")[0] for ln in TOOL_DESCRIPTIONS.splitlines()] == names
+    described = [ln.split("(")[0] for ln in TOOL_DESCRIPTIONS.splitlines()]
+    assert set(described) == set(names) | set(short)
+    with pytest.raises(ValueError, match="tool style"):
+        tool_schemas("medium")
+
+
+def test_a_tool_outside_the_episodes_set_is_an_unknown_tool():
+    text = format_tool_call("str_replace", {"path": "a.py", "old": "x", "new": "y"})
+    err = parse_tool_call(text, allowed=TOOL_SETS["short"])
+    assert isinstance(err, ParseError) and err.kind == "unknown_tool"
+    assert "replace_lines" in err.message and "str_replace" not in err.message.split("Tools:")[1]
+    assert isinstance(parse_tool_call(text, allowed=TOOL_SETS["full"]), ToolCall)
 
 
 def test_format_is_hermes_and_roundtrips():
@@ -111,9 +124,9 @@ def test_list_and_read(ws):
     tools = Tools(ws, ["test_bsearch.py"])
     assert call(tools, "list_files").text == "bsearch.py\ntest_bsearch.py"
     text = call(tools, "read_file", path="bsearch.py").text
-    assert text.splitlines()[0] == "1| def binary_search(arr, target):"
+    assert text.splitlines()[0] == "1|def binary_search(arr, target):"
     assert call(tools, "read_file", path="bsearch.py", start_line=10, end_line=10).text == \
-        "10|             low = mid"
+        "10|            low = mid"
     assert call(tools, "read_file", path="bsearch.py", start_line=12, end_line=99).text.count(
         "\n") == 1
 
@@ -161,6 +174,41 @@ def test_str_replace(ws):
         assert not res.ok and msg in res.text
     res = call(tools, "str_replace", path="../x.py", old="a", new="b")
     assert not res.ok and "outside" in res.text
+
+
+def test_replace_lines(ws):
+    tools = Tools(ws, [])
+    before = open(os.path.join(ws, "bsearch.py")).read().splitlines()
+    res = call(tools, "replace_lines", path="bsearch.py", start=10, end=10, text="            low = mid + 1")
+    assert res.ok and res.text == "Edited bsearch.py:\n10|            low = mid + 1"
+    after = open(os.path.join(ws, "bsearch.py")).read()
+    assert after.endswith("\n") and after.splitlines() == before[:9] + ["            low = mid + 1"] + before[10:]
+    # several lines, a trailing newline in text is not an extra line
+    call(tools, "replace_lines", path="bsearch.py", start=1, end=2, text="A\nB\nC\n")
+    assert open(os.path.join(ws, "bsearch.py")).read().splitlines()[:4] == ["A", "B", "C", before[2]]
+    # end = start - 1 inserts, empty text deletes
+    call(tools, "replace_lines", path="bsearch.py", start=1, end=0, text="# top")
+    assert open(os.path.join(ws, "bsearch.py")).read().splitlines()[:2] == ["# top", "A"]
+    res = call(tools, "replace_lines", path="bsearch.py", start=1, end=4, text="")
+    assert res.text == "Edited bsearch.py: deleted lines 1-4."
+    assert open(os.path.join(ws, "bsearch.py")).read().splitlines() == before[2:9] + [
+        "            low = mid + 1"] + before[10:]
+
+
+@pytest.mark.parametrize("start,end", [(0, 1), (3, 1), (1, 99), (99, 99)])
+def test_replace_lines_bad_range_is_an_error(ws, start, end):
+    before = open(os.path.join(ws, "bsearch.py")).read()
+    res = call(Tools(ws, []), "replace_lines", path="bsearch.py", start=start, end=end, text="x")
+    assert not res.ok and "bad line range" in res.text and not res.done
+    assert open(os.path.join(ws, "bsearch.py")).read() == before
+
+
+def test_replace_lines_arguments_are_checked_by_the_parser():
+    text = format_tool_call("replace_lines", {"path": "a.py", "start": "3", "end": 3, "text": "x"})
+    err = parse_tool_call(text)
+    assert isinstance(err, ParseError) and err.kind == "bad_arguments" and "start" in err.message
+    err = parse_tool_call(format_tool_call("replace_lines", {"path": "a.py", "start": 3, "text": "x"}))
+    assert isinstance(err, ParseError) and "missing" in err.message and "end" in err.message
 
 
 def test_workspaces_are_independent_hard_link_farm(tmp_path):

@@ -66,6 +66,42 @@ def test_sequential_failure_fixes_one_bug_and_submits(session):
     assert episode_behaviour(hist, session.termination, 1.0)["failure_layer"] is None
 
 
+def test_layers_use_the_bugs_fixed_and_the_last_test_run(tmp_path):
+    """A wrong edit submitted is basic (no progress); one bug of two is sequential; a failing
+    test run after the last edit, then submit, is sequential (did not recover)."""
+    from jaxrl_agent.env.sandbox import Sandbox
+    from jaxrl_agent.evaluation import bugs_fixed
+
+    task = binary_search_task()
+    path = task.metadata["source_file"]
+    with Sandbox(num_workers=1, timeout_s=10) as sb:
+        def run(i, calls):
+            ws = create_workspaces(workspace_files(task), str(tmp_path / str(i)), 1)[0]
+            s = ToolSession(Tools(ws, sorted(task.dev_tests), sb, ToolConfig(test_timeout_s=0.05)), ToolConfig())
+            hist = play(s, calls)
+            with open(f"{ws}/{path}") as f:
+                return episode_behaviour(hist, s.termination, 0.0, bugs_fixed(task, {path: f.read()}))
+
+        wrong = ("replace_lines", {"path": path, "start": 10, "end": 10, "text": "            low = mid + 2"})
+        one = ("replace_lines", {"path": path, "start": 10, "end": 10, "text": "            low = mid + 1"})
+        b = run(0, [wrong, ("submit", {})])
+        assert b["failure_layer"] == "basic" and (b["bugs_fixed"], b["bugs_total"]) == (0, 2)
+        assert run(1, [one, ("submit", {})])["failure_layer"] == "sequential"
+        b = run(2, [wrong, ("run_tests", {}), ("submit", {})])
+        assert b["saw_failing_tests"] and b["failure_layer"] == "sequential"
+        assert run(3, [("run_tests", {}), ("run_tests", {}), ("submit", {})])["failure_layer"] == "basic"
+
+
+def test_pass_at_k_curve_from_per_task_counts():
+    from jaxrl_agent.evaluation import pass_at_k_curve
+
+    curve = pass_at_k_curve({"a": [1, 8], "b": [0, 8], "c": [8, 8], "d": [1, 2]}, ks=(1, 2, 8))
+    assert curve["pass1"]["value"] == pytest.approx((1 / 8 + 0 + 1 + 1 / 2) / 4)
+    assert curve["pass2"]["value"] == pytest.approx((pass_at_k(8, 1, 2) + 0 + 1 + 1) / 4)
+    assert curve["pass8"]["n_tasks"] == 3 and curve["pass8"]["value"] == pytest.approx(2 / 3)
+    assert curve["pass8"]["ci_low"] < 2 / 3 < curve["pass8"]["ci_high"]
+
+
 def test_summary_counts_per_template():
     def ep(task, tpl, r):
         beh = {"turns": 2, "edits": 1, "ran_tests_before_submit": r > 0, "read_file": True, "recovered": False,
@@ -76,6 +112,7 @@ def test_summary_counts_per_template():
     eps = [ep("a", "x", 1.0), ep("a", "x", 0.0), ep("b", "y", 0.0), ep("b", "y", 0.0)]
     s = summarize_episodes(eps, k=2)
     assert s["pass1"] == 0.25 and s["pass2"] == pytest.approx(0.5)
+    assert s["per_task"] == {"a": [1, 2], "b": [0, 2]}
     assert s["per_template"]["x"]["pass1"] == 0.5 and s["per_template"]["y"]["pass1"] == 0.0
     assert s["behaviour"]["failure_layers"]["sequential"] == 0.75
     assert math.isclose(s["behaviour"]["ran_tests_before_submit"], 0.25)

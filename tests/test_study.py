@@ -10,9 +10,11 @@ from experiments.binary_search_rl.__main__ import main
 from experiments.binary_search_rl.ablate import SERIES, run_ablation
 from experiments.binary_search_rl.ablate import main as ablate_main
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.report import POLICIES
+from experiments.binary_search_rl.report import run_names
 
-TINY = ["--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
+POLICIES = ("sft", "sft_success_only", *run_names((0, 1), "rloo"))
+TINY = ["--rl.seeds=0,1", "--gate.tasks=1", "--gate.samples=1", "--gate.min_sequential_share=0",
+        "--eval.passk_samples=2", "--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
         "--rl.group_size=2", "--rl.mini_batches=1", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
         "--rl.require_signal=false", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
         "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--diagnose.tasks=2", "--model.num_layers=1",
@@ -87,15 +89,17 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
 
     restores = 0
     for i, task in enumerate(generate_tasks("train", 12, 5)):
+        tool_style = ("short", "full")[i % 2]
+        edit = '"replace_lines"' if tool_style == "short" else '"str_replace"'
         ws = create_workspaces(workspace_files(task), str(tmp_path / str(i)), 1)[0]
-        tr = drill_transcript(task, ws, random.Random(i), extra_edits=2)
+        tr = drill_transcript(task, ws, random.Random(i), extra_edits=2, tool_style=tool_style)
         assert all(not obs.startswith("Error") for _, obs in tr.turns), tr.turns
         assert '"submit"' in tr.turns[-1][0]
         path = task.metadata["source_file"]
         with open(os.path.join(ws, path)) as f:
             assert f.read() == task.reference_files[path]
         # the fix takes at most one edit per bug; every other edit is a copy exercise
-        restores += sum('"str_replace"' in t for t, _ in tr.turns) - task.metadata["n_bugs"]
+        restores += sum(edit in t for t, _ in tr.turns) - task.metadata["n_bugs"]
     assert restores > 0
 
 
@@ -139,8 +143,8 @@ def test_turn_accuracy_scores_whole_turns_by_tool():
     assert bad["str_replace"]["token_accuracy"] == (n - 1) / n
 
 
-def _fake_split(p1: float) -> dict:
-    return {"pass1": p1, "pass1_ci_low": max(0.0, p1 - 0.1), "pass1_ci_high": min(1.0, p1 + 0.1), "n_episodes": 10,
+def _fake_split(p1: float, n: int = 200) -> dict:
+    return {"pass1": p1, "pass1_ci_low": max(0.0, p1 - 0.1), "pass1_ci_high": min(1.0, p1 + 0.1), "n_episodes": n,
             "n_tasks": 5, "behaviour": {"mean_turns": 5.0, "failure_layers": {"interface": 1 - p1}},
             "terminations": {"submitted": 10}, "per_template": {"t": {"pass1": p1}}}
 
@@ -158,7 +162,7 @@ def test_report_without_rl_says_why_and_still_writes_the_sft_results(tmp_path):
               "sft_success_only": {"nll": [2.0, 1.5], "seconds": 1.0},
               "rl": {"policy": None, "no_signal": "pass@8 is 0", "seconds": 1.0},
               "control": {"policy": None, "no_signal": "pass@8 is 0", "seconds": 1.0}}
-    summary = report.build_summary({"seed": 0}, stages, evals)
+    summary = report.build_summary({"seed": 0, "rl": {"algo": "grpo"}}, stages, evals, report.run_names((0,), ""))
     assert summary["targets"]["all"]["met"] is False and "no_signal" in summary["targets"]["all"]["reason"]
     assert set(summary["canonical"]) == {"sft", "sft_success_only"}
     written = report.write_all(summary, evals, load_tokenizer(), str(tmp_path))
@@ -167,14 +171,27 @@ def test_report_without_rl_says_why_and_still_writes_the_sft_results(tmp_path):
 
 
 def test_report_targets_follow_the_numbers():
+    """Targets over seeds hold only when they hold on every seed; the gate's reason is kept."""
     from experiments.binary_search_rl import report
 
-    summary = {s: {"sft": report._split_entry(_fake_split(0.3)), "sft_success_only": report._split_entry(_fake_split(0.4)),
-                   "rl": report._split_entry(_fake_split(0.97)), "control": report._split_entry(_fake_split(0.32))}
-               for s in report.SPLIT_LABELS}
+    runs = report.run_names((0, 1), "rloo")
+    p = {"sft": 0.3, "sft_success_only": 0.4, "rl": 0.97, "rl_seed1": 0.96, "control": 0.32, "control_seed1": 0.3,
+         "rloo": 0.9}
+    summary = {"runs": {n: {"algo": a or "grpo", "seed": sd, "shuffled_rewards": sh} for n, (a, sd, sh) in runs.items()},
+               "config": {"rl": {"algo": "grpo"}}}
+    summary |= {s: {n: report._split_entry(_fake_split(v)) for n, v in p.items()} for s in report.SPLIT_LABELS}
     t = report.targets(summary)
     assert t["canonical_rl_pass1_at_least_0.95"]["met"] and t["canonical_sft_start_at_most_0.70"]["met"]
     assert t["heldout_rl_minus_sft_at_least_0.25"]["met"] and t["heldout_intervals_do_not_overlap"]["met"]
-    assert t["control_gain_at_most_0.05"]["met"] and t["rl_beats_success_only_sft"]["met"]
-    summary["heldout_instances"]["control"] = report._split_entry(_fake_split(0.5))
+    assert t["control_gain_at_most_0.05"]["met"] and t["rl_minus_success_only_sft"]["met"]
+    assert set(t["heldout_rl_minus_sft_at_least_0.25"]["per_seed"]) == {"rl", "rl_seed1"}
+    assert t["rloo_minus_sft"]["value"] == pytest.approx(0.6)
+    summary["heldout_instances"]["control_seed1"] = report._split_entry(_fake_split(0.5))
     assert not report.targets(summary)["control_gain_at_most_0.05"]["met"]
+    summary["heldout_instances"]["rl_seed1"] = report._split_entry(_fake_split(0.5))
+    assert not report.targets(summary)["heldout_rl_minus_sft_at_least_0.25"]["met"]
+    summary["canonical"]["rl"] = report._split_entry(_fake_split(0.99, n=100))  # too few episodes to judge
+    assert not report.targets(summary)["canonical_rl_pass1_at_least_0.95"]["met"]
+    del summary["canonical"]["rl"], summary["canonical"]["rl_seed1"]
+    summary["gate"] = {"reason": "70% of the failures are basic"}
+    assert report.targets(summary) == {"all": {"met": False, "reason": "70% of the failures are basic"}}

@@ -165,15 +165,49 @@ def test_load_errors_are_clear(tmp_path):
         load_tokenizer(str(tmp_path))
 
 
-def test_asset_is_what_the_build_script_builds(tmp_path):
-    """The committed tokenizer is reproducible from experiments/build_tokenizer.py."""
+def _build_script():
     script = os.path.join(os.path.dirname(__file__), "..", "experiments", "build_tokenizer.py")
     spec = importlib.util.spec_from_file_location("build_tokenizer", script)
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    build.build(vocab_size=2048, n_docs=4000, seed=0, out=str(tmp_path))
+    return build
+
+
+@pytest.mark.slow
+def test_asset_is_what_the_build_script_builds(tmp_path):
+    """The committed tokenizer is reproducible from experiments/build_tokenizer.py."""
+    _build_script().build(vocab_size=2048, n_episodes=1000, seed=0, out=str(tmp_path))
     with open(os.path.join(DEFAULT_TOKENIZER_DIR, "tokenizer.json")) as a, open(tmp_path / "tokenizer.json") as b:
         assert json.load(a) == json.load(b)
+
+
+@pytest.mark.parametrize("split", ["train", "heldout_instances", "heldout_templates"])
+def test_replace_lines_text_is_a_token_copy_of_the_read_file_line(tok, split):
+    """Every code line of generated tasks (quotes and backslashes aside, which JSON escapes)
+    has the same token ids inside a `replace_lines` text argument as in the `read_file`
+    observation, with token edges at the line's edges: the edit is a copy at the token level."""
+    from jaxrl_agent.env.tasks import generate_tasks
+
+    assert _build_script().copy_share(tok.hf, generate_tasks(split, 24, 11)) == 1.0
+
+
+def test_copy_share_detects_a_tokenizer_that_breaks_the_copy(tmp_path):
+    """The check can fail: Qwen2's own split merges `:` with the newline after it."""
+    from jaxrl_agent.env.tasks import generate_tasks
+
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(
+        r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    raw.decoder = decoders.ByteLevel()
+    tasks = generate_tasks("train", 8, 11)
+    text = ["\n".join(f"{k}|{line}" for k, line in enumerate(t.files[t.metadata["source_file"]].splitlines(), 1))
+            for t in tasks]
+    raw.train_from_iterator(text * 4, trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    from transformers import PreTrainedTokenizerFast
+
+    assert _build_script().copy_share(PreTrainedTokenizerFast(tokenizer_object=raw), tasks) < 0.9
 
 
 def test_repo_tokenizer_encodes_task_code_compactly(tok):

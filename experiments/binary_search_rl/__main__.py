@@ -1,8 +1,10 @@
 """`python -m experiments.binary_search_rl [--preset=cpu|gpu] [--section.field=value ...]`
 
 Runs the whole study (see README.md here): edit drills (pretraining) and demonstrations -> SFT (all demos) and SFT
-(successful demos only) -> GRPO from SFT and the shuffled-reward control -> evaluation of the
-four policies on the canonical task, held-out instances and held-out templates, and their
+(successful demos only) -> the gate (the SFT policy's failure layers on validation instances:
+RL starts only if most failures are decisions) -> GRPO from SFT and the shuffled-reward control,
+one run per seed, and one more estimator (RLOO) -> evaluation of every policy on the canonical
+task, held-out instances (pass@1..8 for SFT and GRPO) and held-out templates, and their
 teacher-forced next-action accuracy on held-out expert episodes -> summary.json,
 plots and rendered trajectories in `results_dir`. Finished stages are reused from `work_dir`
 when their config is unchanged, so an interrupted study continues where it stopped.
@@ -30,17 +32,21 @@ from experiments.binary_search_rl.config import PRESETS, StudyConfig
 def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     t0 = time.time()
     done = stages.sft_policies(cfg)
-    done["rl"] = stages.rl(cfg, "rl", done["sft"], shuffle_rewards=False)
-    done["control"] = stages.rl(cfg, "control", done["sft"], shuffle_rewards=True)
+    runs = report.run_names(cfg.rl.seeds, cfg.rl.second_algo)
+    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+        done["gate"] = stages.gate(cfg, done["sft"], sandbox)
+    if done["gate"]["rl_starts"]:
+        for name, (algo, seed, shuffle) in runs.items():
+            done[name] = stages.rl(cfg, name, done["sft"], shuffle_rewards=shuffle, algo=algo, seed=seed)
+    policies = [p for p in ("sft", "sft_success_only", *runs) if p in done and done[p]["policy"] is not None]
     evals = {}
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
-        for pol in report.POLICIES:
-            if done[pol]["policy"] is not None:  # None: RL refused to start (no signal)
-                evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox)
-        diagnosed = {pol: done[pol]["policy"] for pol in ("pretrain",) + report.POLICIES
-                     if pol in done and done[pol]["policy"] is not None}
+        for pol in policies:  # a run missing here did not start (gate or no signal): the summary says why
+            evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox,
+                                                passk=pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo))
+        diagnosed = {pol: done[pol]["policy"] for pol in ("pretrain", *policies) if pol in done}
         diag = diagnostics.teacher_forced(cfg, diagnosed, sandbox)
-    summary = report.build_summary(dataclasses.asdict(cfg), done, evals)
+    summary = report.build_summary(dataclasses.asdict(cfg), done, evals, runs)
     summary["diagnostics"] = diag
     summary["seconds"]["diagnose"] = round(diag["seconds"], 1)
     summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)

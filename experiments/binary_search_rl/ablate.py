@@ -29,7 +29,6 @@ from jaxrl_agent.cli import apply_overrides
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
-VALIDATION_SEED_OFFSET = 5555  # fresh training-template instances, disjoint from the RL task pool's seed
 SERIES = ("success", "tool_errors", "interface_errors", "submitted", "edits", "tokens")
 
 
@@ -42,16 +41,15 @@ def run_ablation(cfg: StudyConfig, name: str, *, control: bool = True) -> dict:
     sub = dataclasses.replace(cfg, work_dir=out_dir)
     runs = {}
     for run, shuffle in (("rl", False), ("control", True))[: 2 if control else 1]:
-        res = stages.rl(sub, run, start, shuffle_rewards=shuffle, curve_split="train",
-                        curve_seed=cfg.seed + VALIDATION_SEED_OFFSET)
+        res = stages.rl(sub, run, start, shuffle_rewards=shuffle)
         if res["policy"] is None:
             raise RuntimeError(f"[{name}/{run}] RL did not start: {res['no_signal']}")
         runs[run] = {"series": {k: [it.get(k) for it in res["train_reward"]] for k in SERIES},
-                     "validation_pass1": {"before": res["heldout_curve"][0]["heldout_pass1"],
-                                          "after": res["heldout_curve"][-1]["heldout_pass1"]},
+                     "validation_pass1": {"before": res["validation_curve"][0]["validation_pass1"],
+                                          "after": res["validation_curve"][-1]["validation_pass1"]},
                      "seconds": res["seconds"]}
     result = {"name": name, "rl": dataclasses.asdict(cfg.rl), "seed": cfg.seed, "runs": runs,
-              "validation": {"split": "train", "seed": cfg.seed + VALIDATION_SEED_OFFSET, "tasks": cfg.rl.curve_tasks}}
+              "validation": {"split": "train", "seed": cfg.seed + stages.VALIDATION_SEED_OFFSET, "tasks": cfg.rl.curve_tasks}}
     os.makedirs(os.path.join(cfg.results_dir, "ablations"), exist_ok=True)
     for path in (os.path.join(out_dir, "ablation.json"), os.path.join(cfg.results_dir, "ablations", f"{name}.json")):
         with open(path, "w") as f:

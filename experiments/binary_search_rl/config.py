@@ -18,9 +18,14 @@ class DemoStage:
     num_tasks: int = 600
     """Distinct training tasks demonstrated; many distinct instances is what lets a tiny policy
     generalise to held-out instances instead of memorising a few."""
-    style_weights: tuple[float, ...] = (0.4, 0.2, 0.2, 0.2)
+    style_weights: tuple[float, ...] = (0.35, 0.15, 0.2, 0.1, 0.1, 0.1)
     """Sampling weights of the expert styles perfect, skip_tests, first_bug_only,
-    wrong_first_edit (the realistic imperfections the SFT policy inherits)."""
+    wrong_first_edit, stop_after_failure, rerun_tests (env/expert.py). Every imperfection is a
+    decision (stop after one fix, submit despite a failing run, re-run instead of editing), and
+    on the canonical task, whose dev tests reveal one of its two bugs, only perfect, skip_tests
+    and wrong_first_edit succeed: 60% of the demonstrations, so SFT on all of them imitates a
+    policy that fails there about 40% of the time, and the verifier pays for what the
+    demonstrations teach only sometimes."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +59,34 @@ class SFTStage:
 
 
 @dataclass(frozen=True)
+class GateStage:
+    """Before any RL: the SFT policy's own sampled episodes on validation instances (fresh
+    instances of the training templates, never a held-out set), classified by failure layer
+    (DESIGN §9b). RL only pays where the failures are decisions."""
+
+    tasks: int = 32
+    """Validation instances (train split, seed + 5555), `samples` episodes each."""
+    samples: int = 2
+    """Episodes per validation instance."""
+    min_sequential_share: float = 0.5
+    """RL starts only when at least this share of the failed episodes failed in the
+    sequential-decisions layer; otherwise the report names the layer that still fails."""
+
+
+@dataclass(frozen=True)
 class RLStage:
-    """GRPO from the SFT policy on the train split; the control is the same run with rewards
-    shuffled within each batch."""
+    """GRPO from the SFT policy on the train split, once per seed; the control is the same
+    run with rewards shuffled within each batch (same seeds); `second_algo` is one more
+    estimator from the same start (seed `seeds[0]`), so the gain is not one loss's artefact."""
 
     algo: str = "grpo"
     """Registered loss (jaxrl_agent.losses.LOSSES)."""
-    iterations: int = 40
-    """Rollout-then-update iterations (40 x 48 episodes: what fits the study's 90 minutes on
-    2 cores since rollouts got ~2.4x faster; it was 15 before)."""
+    second_algo: str = "rloo"
+    """The other estimator run once ("" skips it)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """RL and control seeds (task order and sampling); the first is the study's `seed` run."""
+    iterations: int = 20
+    """Rollout-then-update iterations (x 48 episodes)."""
     tasks_per_iter: int = 6
     """Training tasks per iteration."""
     group_size: int = 8
@@ -85,9 +109,10 @@ class RLStage:
     num_train_tasks: int = 2000
     """Training task pool (iterated in a seeded order; disjoint seeds from the held-out splits)."""
     eval_every: int = 10
-    """Held-out evaluation during the run, for the learning curve (never used to select)."""
+    """Validation evaluation during the run, for the learning curve (never used to select)."""
     curve_tasks: int = 24
-    """Held-out instances in each learning-curve evaluation (1 episode each)."""
+    """Validation instances (train split, seed + 5555) in each learning-curve evaluation
+    (1 episode each)."""
     require_signal: bool = True
     """Refuse to run RL when the SFT policy never solves a training task (no GRPO signal)."""
 
@@ -103,7 +128,10 @@ class EvalStage:
     heldout_template_tasks: int = 24
     """Instances of the four held-out templates."""
     samples_per_task: int = 2
-    """Episodes per held-out task (pass@k uses k = this)."""
+    """Episodes per held-out task for the baselines and controls (pass@k uses k = this)."""
+    passk_samples: int = 8
+    """Episodes per held-out-instance task for SFT and the GRPO runs: pass@k for k = 1, 2, 4, 8
+    (does RL lift pass@1 toward the SFT policy's pass@8?)."""
     seed: int = 1
     """Seed of the held-out task sets and of evaluation sampling."""
 
@@ -123,6 +151,7 @@ class StudyConfig:
     pretrain: PretrainStage = field(default_factory=PretrainStage)
     demos: DemoStage = field(default_factory=DemoStage)
     sft: SFTStage = field(default_factory=SFTStage)
+    gate: GateStage = field(default_factory=GateStage)
     rl: RLStage = field(default_factory=RLStage)
     eval: EvalStage = field(default_factory=EvalStage)
     diagnose: DiagnosticStage = field(default_factory=DiagnosticStage)
@@ -153,6 +182,7 @@ GPU_PRESET = replace(
     sft=SFTStage(steps=3000, batch_size=32, learning_rate=2e-3),
     rl=RLStage(iterations=100, tasks_per_iter=16, group_size=16, num_train_tasks=8000, eval_every=10,
                curve_tasks=64),
+    gate=GateStage(tasks=128),
     eval=EvalStage(canonical_samples=400, heldout_instance_tasks=200, heldout_template_tasks=100, samples_per_task=4),
     diagnose=DiagnosticStage(tasks=100),
     model=TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=768),

@@ -5,8 +5,8 @@ scripted expert's perfect episodes on fresh held-out instances are fed to every 
 (teacher forcing: each turn conditioned on the expert's history), and an expert turn counts
 as reproduced when the policy's argmax gives every one of its tokens: the tool and every
 argument. Grouped by tool, this separates the decisions (`list_files` or `read_file` first,
-when to run the tests, when to submit) from the copying and fixing inside `str_replace`,
-whose turns are ~40 tokens that must all be right. A measurement only: nothing is chosen
+when to run the tests, when to submit) from the copying and fixing inside an edit,
+whose turns are tens of tokens that must all be right. A measurement only: nothing is chosen
 with it, and its instances are disjoint from the evaluation's and the learning curve's.
 """
 from __future__ import annotations
@@ -121,7 +121,9 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
 
 def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
     """The table of `teacher_forced`'s result: exact-turn share (token accuracy) per tool."""
-    tools = ["list_files", "read_file", "str_replace", "run_tests", "submit", "all"]
+    seen = {t for per_tool in diag["per_policy"].values() for t in per_tool}
+    tools = [t for t in ("list_files", "read_file", "replace_lines", "str_replace", "run_tests", "submit", "all")
+             if t in seen]
     rows = ["| policy (teacher-forced, " + f"{diag['tasks']} held-out expert episodes) | "
             + " | ".join(f"`{t}`" if t != "all" else "all turns" for t in tools) + " |",
             "|---" * (len(tools) + 1) + "|"]

@@ -1,13 +1,14 @@
 """Edit drills: cheap, copy-heavy episodes that pretrain the tiny policy before SFT.
 
 A tiny policy trained only on a few hundred demonstrations learns the episode format but not
-the one skill every edit needs: copying the exact text of a line it just read into
-`str_replace`'s `old` (and the path from the instruction into `path`). It writes identifiers
-it saw in other tasks instead, so its edits fail on any instance it has not memorised.
+the one skill every edit needs: copying the exact text of a line it just read into the edit
+(`replace_lines`' line number and `text` in the short tool style, `str_replace`'s `old` in the
+full one, and the path from the instruction into `path`). It writes identifiers it saw in
+other tasks instead, so its edits fail on any instance it has not memorised.
 
 A drill is an episode in the agent's own format on a fresh task instance: `read_file` of the
-source, then the expert's fix edits, each preceded by copies of other lines of the file
-changed the way a plausible wrong edit would be and immediately undone, then `submit`. Every
+source, then copies of other lines of the file changed the way a plausible wrong edit would
+be and immediately undone, then the expert's fix edits, then `submit`. Every
 observation is the real tool result (read_file / str_replace act on a real workspace); no
 tests run and nothing is verified, so a drill costs milliseconds, and thousands of distinct
 instances (with their randomised identifiers) are affordable. That many instances cannot be
@@ -21,26 +22,30 @@ import random
 import tempfile
 
 from jaxrl_agent.demonstrations import transcript_to_episode
-from jaxrl_agent.env.expert import Transcript, _edits, _wrong
+from jaxrl_agent.env.expert import Transcript, _edits, _line_edits, _wrong
 from jaxrl_agent.env.tasks import Task, workspace_files
-from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
+from jaxrl_agent.env.tools import TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.trajectory import Episode
 
 
-def _copyable_lines(text: str) -> list[str]:
-    """Stripped non-empty lines that occur exactly once in `text` (valid `old` strings)."""
+def _copyable_lines(text: str) -> list[tuple[int, str]]:
+    """(1-based number, line) of the code lines a drill may copy: non-empty, not a comment or
+    docstring, no quote or backslash (JSON would escape them), stripped text unique in `text`
+    (so a `str_replace` of it is valid too)."""
     out = []
-    for line in text.splitlines():
+    for k, line in enumerate(text.splitlines(), 1):
         s = line.strip()
-        if s and not s.startswith(('"""', "#")) and text.count(s) == 1:
-            out.append(s)
+        if s and not s.startswith(('"""', "#")) and not {'"', "\\"} & set(line) and text.count(s) == 1:
+            out.append((k, line))
     return out
 
 
-def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits: int = 2) -> Transcript:
+def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits: int = 2,
+                     tool_style: str = "short") -> Transcript:
     """One drill on `workspace` (a fresh copy of the task's files); see the module docstring."""
-    session = ToolSession(Tools(workspace, sorted(task.dev_tests), None, ToolConfig()), ToolConfig())
+    session = ToolSession(Tools(workspace, sorted(task.dev_tests), None, ToolConfig()), ToolConfig(),
+                          TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, "drill")
 
     def act(name: str, **args) -> str:
@@ -52,29 +57,40 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
     path = task.metadata["source_file"]
     act("read_file", path=path)
     current = task.files[path]
-    for line in rng.sample(_copyable_lines(current), min(extra_edits, len(_copyable_lines(current)))):
+    copyable = _copyable_lines(current)
+    for k, line in rng.sample(copyable, min(extra_edits, len(copyable))):
         wrong = _wrong(line, line)
-        if wrong is None or current.count(wrong) or wrong in line:
+        if wrong is None or current.count(wrong.strip()) or wrong.strip() in line:
             continue
-        act("str_replace", path=path, old=line, new=wrong)  # a plausible change ...
-        act("str_replace", path=path, old=wrong, new=line)  # ... copied back exactly
+        if tool_style == "short":
+            act("replace_lines", path=path, start=k, end=k, text=wrong)  # a plausible change ...
+            act("replace_lines", path=path, start=k, end=k, text=line)  # ... copied back exactly
+        else:
+            act("str_replace", path=path, old=line.strip(), new=wrong.strip())
+            act("str_replace", path=path, old=wrong.strip(), new=line.strip())
     for _ in range(4):  # the expert's fix, re-planned after each edit as the expert does
-        plan = _edits(open(os.path.join(workspace, path), encoding="utf-8").read(), task.reference_files[path])
+        with open(os.path.join(workspace, path), encoding="utf-8") as f:
+            now = f.read()
+        if tool_style == "short":
+            plan = [dict(start=a, end=b, text=t) for a, b, t in _line_edits(now, task.reference_files[path])]
+        else:
+            plan = [dict(old=o, new=n) for o, n in _edits(now, task.reference_files[path])]
         if not plan:
             break
-        act("str_replace", path=path, old=plan[0][0], new=plan[0][1])
+        act("replace_lines" if tool_style == "short" else "str_replace", path=path, **plan[0])
     act("submit")
     return tr
 
 
 def make_drills(tasks: list[Task], chat: ChatFormat, *, seed: int, extra_edits: int = 2,
                 system_prompt: str | None = None) -> list[Episode]:
-    """One drill episode per task (in order); deterministic in (seed, task index)."""
+    """One drill episode per task (in order), in `chat`'s tool style; deterministic in
+    (seed, task index)."""
     kw = {} if system_prompt is None else {"system_prompt": system_prompt}
     out = []
     with tempfile.TemporaryDirectory(prefix="jxa-drills-") as root:
         for i, task in enumerate(tasks):
             ws = create_workspaces(workspace_files(task), os.path.join(root, str(i)), 1)[0]
-            tr = drill_transcript(task, ws, random.Random(f"{seed}|{i}"), extra_edits)
+            tr = drill_transcript(task, ws, random.Random(f"{seed}|{i}"), extra_edits, chat.tool_style)
             out.append(transcript_to_episode(tr, task, chat, group_id=i, **kw))
     return out

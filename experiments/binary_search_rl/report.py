@@ -9,9 +9,10 @@ import json
 import os
 import subprocess
 
+from jaxrl_agent.evaluation import pass_at_k_curve
+
 from experiments.binary_search_rl.diagnostics import diagnostics_markdown
 
-POLICIES = ("sft", "sft_success_only", "rl", "control")
 LABELS = {"pretrain": "drilled base (no demos)", "sft": "SFT (all demos)",
           "sft_success_only": "SFT (successful demos only)",
           "rl": "RL (GRPO from SFT)", "control": "control (shuffled rewards)"}
@@ -19,6 +20,40 @@ SPLIT_LABELS = {"canonical": "canonical binary search", "heldout_instances": "he
                 "heldout_templates": "held-out templates"}
 BEHAVIOUR_KEYS = ("ran_tests_before_submit", "fixed_all_bugs", "bugs_fixed_share", "recovered", "mean_turns",
                   "mean_edits", "interface_errors_per_episode", "tool_errors_per_episode")
+PASS_KS = (1, 2, 4, 8)
+
+
+# ---- the study's runs ----
+def run_names(seeds, second_algo: str) -> dict[str, tuple[str | None, int, bool]]:
+    """name -> (algo, None for the study's `rl.algo`; seed; rewards shuffled) of every RL run:
+    "rl" / "control" for the first seed, "rl_seed{s}" / "control_seed{s}" for the others,
+    and the second estimator under its own name with the first seed."""
+    if not seeds:
+        raise ValueError("rl.seeds must name at least one seed")
+    out: dict[str, tuple[str | None, int, bool]] = {}
+    for i, seed in enumerate(seeds):
+        suffix = "" if i == 0 else f"_seed{seed}"
+        out["rl" + suffix], out["control" + suffix] = (None, seed, False), (None, seed, True)
+    if second_algo:
+        if second_algo in out:
+            raise ValueError(f"rl.second_algo {second_algo!r} clashes with a run name")
+        out[second_algo] = (second_algo, seeds[0], False)
+    return out
+
+
+def is_main_run(name: str, runs: dict, algo: str) -> bool:
+    """A run of the study's own estimator on true rewards (the runs the targets judge)."""
+    return name in runs and runs[name][0] in (None, algo) and not runs[name][2]
+
+
+def label(name: str, runs: dict | None = None) -> str:
+    if name in LABELS:
+        return LABELS[name]
+    if runs and name in runs:
+        algo, seed, shuffled = runs[name]
+        base = "control (shuffled rewards" if shuffled else f"RL ({(algo or 'GRPO').upper()} from SFT"
+        return f"{base}, seed {seed})"
+    return name
 
 
 def git_commit() -> str:
@@ -34,6 +69,8 @@ def _split_entry(s: dict) -> dict:
            "n_episodes": s["n_episodes"], "n_tasks": s["n_tasks"]}
     if k is not None:
         out.update({k: s[k], f"{k}_ci_low": s[f"{k}_ci_low"], f"{k}_ci_high": s[f"{k}_ci_high"]})
+    if "per_task" in s:
+        out["pass_at_k"] = pass_at_k_curve(s["per_task"], PASS_KS)
     out["behaviour"] = {b: s["behaviour"][b] for b in BEHAVIOUR_KEYS if b in s["behaviour"]}
     out["failure_layers"] = s["behaviour"]["failure_layers"]
     out["terminations"] = s["terminations"]
@@ -42,41 +79,55 @@ def _split_entry(s: dict) -> dict:
 
 
 def targets(summary: dict) -> dict:
-    """The issue's targets, each with the numbers it was judged on."""
-    missing = [pol for pol in POLICIES if pol not in summary["canonical"]]
-    if missing:
-        return {"all": {"met": False, "reason": f"no policy for {missing}: see training.<name>.no_signal"}}
-
-    def p(split, pol):
-        return summary[split][pol]
-
-    can_rl, can_sft = p("canonical", "rl"), p("canonical", "sft")
-    hi = {pol: p("heldout_instances", pol) for pol in POLICIES}
-    gain = hi["rl"]["pass1"] - hi["sft"]["pass1"]
-    return {
-        "canonical_rl_pass1_at_least_0.95": {"value": can_rl["pass1"], "met": can_rl["pass1"] >= 0.95},
-        "canonical_sft_start_at_most_0.70": {"value": can_sft["pass1"], "met": can_sft["pass1"] <= 0.70},
-        "heldout_rl_minus_sft_at_least_0.25": {"value": gain, "met": gain >= 0.25},
-        "heldout_intervals_do_not_overlap": {"rl_ci_low": hi["rl"]["ci_low"], "sft_ci_high": hi["sft"]["ci_high"],
-                                             "met": hi["rl"]["ci_low"] > hi["sft"]["ci_high"]},
-        "control_gain_at_most_0.05": {"value": hi["control"]["pass1"] - hi["sft"]["pass1"],
-                                      "met": hi["control"]["pass1"] - hi["sft"]["pass1"] <= 0.05},
-        "rl_beats_success_only_sft": {"value": hi["rl"]["pass1"] - hi["sft_success_only"]["pass1"],
-                                      "met": hi["rl"]["pass1"] > hi["sft_success_only"]["pass1"]},
+    """The issue's targets, each with the numbers it was judged on (per seed where there are
+    seeds: a target over seeds is met only when it is met on every seed)."""
+    runs = {n: tuple(v.values()) for n, v in summary["runs"].items()}
+    algo = summary["config"]["rl"]["algo"]
+    hi, can = summary["heldout_instances"], summary["canonical"]
+    rl_runs = [n for n in runs if is_main_run(n, runs, algo) and n in can]
+    controls = [n for n in runs if runs[n][2] and n in can]
+    if "sft" not in can or not rl_runs:
+        why = summary.get("gate", {}).get("reason") or "no RL policy (see training.<run>.no_signal)"
+        return {"all": {"met": False, "reason": why}}
+    sft = hi["sft"]
+    gains = {n: hi[n]["pass1"] - sft["pass1"] for n in rl_runs}
+    apart = {n: hi[n]["ci_low"] > sft["ci_high"] for n in rl_runs}
+    out = {
+        "canonical_rl_pass1_at_least_0.95": {
+            "per_seed": {n: can[n]["pass1"] for n in rl_runs}, "episodes": {n: can[n]["n_episodes"] for n in rl_runs},
+            "met": all(can[n]["pass1"] >= 0.95 and can[n]["n_episodes"] >= 200 for n in rl_runs)},
+        "canonical_sft_start_at_most_0.70": {"value": can["sft"]["pass1"], "met": can["sft"]["pass1"] <= 0.70},
+        "heldout_rl_minus_sft_at_least_0.25": {"per_seed": gains, "met": all(g >= 0.25 for g in gains.values())},
+        "heldout_intervals_do_not_overlap": {"per_seed": {n: [hi[n]["ci_low"], sft["ci_high"]] for n in rl_runs},
+                                             "met": all(apart.values())},
+        "control_gain_at_most_0.05": {"per_seed": {n: hi[n]["pass1"] - sft["pass1"] for n in controls},
+                                      "met": bool(controls) and all(hi[n]["pass1"] - sft["pass1"] <= 0.05
+                                                                     for n in controls)},
     }
+    if "sft_success_only" in hi:
+        base = hi["sft_success_only"]["pass1"]
+        out["rl_minus_success_only_sft"] = {"per_seed": {n: hi[n]["pass1"] - base for n in rl_runs},
+                                            "met": all(hi[n]["pass1"] > base for n in rl_runs)}
+    other = [n for n in runs if runs[n][0] not in (None, algo) and n in hi]
+    for n in other:
+        out[f"{n}_minus_sft"] = {"value": hi[n]["pass1"] - sft["pass1"], "met": hi[n]["pass1"] - sft["pass1"] >= 0.25}
+    return out
 
 
-def build_summary(cfg_dict: dict, stages: dict, evals: dict) -> dict:
-    summary: dict = {"git_commit": git_commit(), "config": cfg_dict}
+def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict:
+    summary: dict = {"git_commit": git_commit(), "config": cfg_dict,
+                     "runs": {n: {"algo": a or cfg_dict["rl"]["algo"], "seed": s, "shuffled_rewards": sh}
+                              for n, (a, s, sh) in runs.items()}}
     for split in SPLIT_LABELS:
-        summary[split] = {pol: _split_entry(evals[pol][split]) for pol in POLICIES if pol in evals}
-    summary["targets"] = targets(summary)
-    summary["training"] = {"demos": stages["demos"], "rl": stages["rl"], "control": stages["control"]}
+        summary[split] = {pol: _split_entry(e[split]) for pol, e in evals.items()}
+    summary["gate"] = stages.get("gate", {})
+    summary["training"] = {"demos": stages["demos"]} | {n: stages[n] for n in runs if n in stages}
     for name in ("pretrain", "sft", "sft_success_only"):
         if name in stages:  # per-step NLL curves stay in the work dir; the summary keeps the end points
             nll = stages[name]["nll"]
             summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
                 "first_nll": nll[0], "final_nll": nll[-1]}
+    summary["targets"] = targets(summary)
     summary["seconds"] = {name: round(st.get("seconds", 0.0), 1) for name, st in stages.items()}
     summary["seconds"].update({f"eval_{p}": round(e.get("seconds", 0.0), 1) for p, e in evals.items()})
     return summary
@@ -89,39 +140,43 @@ def plot_all(summary: dict, out_dir: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = {n: tuple(v.values()) for n, v in summary["runs"].items()}
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, colour in (("rl", "tab:blue"), ("control", "tab:grey")):
-        tr = summary["training"][name]
+    for name, (algo, _, shuffled) in runs.items():
+        tr = summary["training"].get(name, {})
         if not tr.get("train_reward"):
             continue
+        colour = "tab:grey" if shuffled else ("tab:blue" if algo == summary["config"]["rl"]["algo"] else "tab:orange")
         axes[0].plot([r["iteration"] for r in tr["train_reward"]], [r["reward"] for r in tr["train_reward"]],
-                     color=colour, label=LABELS[name])
-        axes[1].plot([c["iteration"] for c in tr["heldout_curve"]], [c["heldout_pass1"] for c in tr["heldout_curve"]],
-                     "o-", color=colour, label=LABELS[name])
+                     color=colour, alpha=0.8, label=label(name, runs))
+        axes[1].plot([c["iteration"] for c in tr["validation_curve"]],
+                     [c["validation_pass1"] for c in tr["validation_curve"]], "o-", color=colour, alpha=0.8,
+                     label=label(name, runs))
     axes[0].set(title="training reward per iteration", xlabel="iteration", ylabel="mean reward", ylim=(-0.02, 1.02))
-    axes[1].set(title="held-out instances: pass@1 during training", xlabel="iteration", ylabel="pass@1",
+    axes[1].set(title="validation instances: pass@1 during training", xlabel="iteration", ylabel="pass@1",
                 ylim=(-0.02, 1.02))
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+            ax.legend(fontsize=6)
     fig.tight_layout()
     paths.append(os.path.join(out_dir, "training_curves.png"))
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.2
-    for j, pol in enumerate(p for p in POLICIES if p in summary["canonical"]):
+    fig, ax = plt.subplots(figsize=(12, 4))
+    shown = list(summary["canonical"])
+    width = 0.8 / max(len(shown), 1)
+    for j, pol in enumerate(shown):
         xs, ys, lo, hi = [], [], [], []
         for i, split in enumerate(SPLIT_LABELS):
             e = summary[split][pol]
-            xs.append(i + (j - 1.5) * width)
+            xs.append(i + (j - (len(shown) - 1) / 2) * width)
             ys.append(e["pass1"])
             lo.append(e["pass1"] - e["ci_low"])
             hi.append(e["ci_high"] - e["pass1"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=LABELS[pol])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=label(pol, runs))
     ax.set_xticks(range(len(SPLIT_LABELS)), list(SPLIT_LABELS.values()))
     ax.set(ylabel="pass@1 (Wilson 95%)", ylim=(0, 1.05), title="final comparison")
     ax.legend(fontsize=8)
@@ -165,28 +220,61 @@ def render_trajectory(example: dict, tokenizer, title: str) -> tuple[str, str]:
 
 # ---- the results table ----
 def results_markdown(summary: dict) -> str:
+    runs = {n: tuple(v.values()) for n, v in summary["runs"].items()}
+    present = list(summary["canonical"])
     rows = ["| policy | canonical pass@1 | held-out instances pass@1 | held-out templates pass@1 |",
             "|---|---|---|---|"]
-    present = [pol for pol in POLICIES if pol in summary["canonical"]]
     for pol in present:
         cells = [f"{summary[s][pol]['pass1']:.3f} [{summary[s][pol]['ci_low']:.3f}, {summary[s][pol]['ci_high']:.3f}]"
                  for s in SPLIT_LABELS]
-        rows.append(f"| {LABELS[pol]} | " + " | ".join(cells) + " |")
-    beh = ["", "| policy (held-out instances) | tests run before submit | fixed every bug | recovered after failing "
-           "tests | turns | interface errors / ep |", "|---|---|---|---|---|---|"]
+        rows.append(f"| {label(pol, runs)} | " + " | ".join(cells) + " |")
+    spread = ["", "| over seeds (held-out instances pass@1) | mean | min | max |", "|---|---|---|---|"]
+    algo = summary["config"]["rl"]["algo"]
+    for kind, names in (("RL", [n for n in present if is_main_run(n, runs, algo)]),
+                        ("control", [n for n in present if n in runs and runs[n][2]])):
+        vals = [summary["heldout_instances"][n]["pass1"] for n in names]
+        if vals:
+            spread.append(f"| {kind} ({len(vals)} seeds) | {sum(vals) / len(vals):.3f} | {min(vals):.3f} | {max(vals):.3f} |")
+    passk = ["", "| held-out instances | " + " | ".join(f"pass@{k}" for k in PASS_KS) + " |",
+             "|---" * (len(PASS_KS) + 1) + "|"]
     for pol in present:
-        b = summary["heldout_instances"][pol]["behaviour"]
-        beh.append(f"| {LABELS[pol]} | {b.get('ran_tests_before_submit', 0):.2f} | {b.get('fixed_all_bugs', 0):.2f} | "
+        curve = summary["heldout_instances"][pol].get("pass_at_k", {})
+        if f"pass{PASS_KS[-1]}" in curve:
+            passk.append(f"| {label(pol, runs)} | " + " | ".join(f"{curve[f'pass{k}']['value']:.3f}" for k in PASS_KS) + " |")
+    beh = ["", "| policy (held-out instances) | fixed every bug | tests run after the last edit, before submit | "
+           "recovered after failing tests | turns | interface errors / ep | failures: interface / basic / sequential |",
+           "|---|---|---|---|---|---|---|"]
+    for pol in present:
+        e = summary["heldout_instances"][pol]
+        b, f = e["behaviour"], e["failure_layers"]
+        beh.append(f"| {label(pol, runs)} | {b.get('fixed_all_bugs', 0):.2f} | {b.get('ran_tests_before_submit', 0):.2f} | "
                    f"{b.get('recovered', 0):.2f} | {b.get('mean_turns', 0):.1f} | "
-                   f"{b.get('interface_errors_per_episode', 0):.2f} |")
+                   f"{b.get('interface_errors_per_episode', 0):.2f} | "
+                   " / ".join(f"{f.get(k, 0.0):.2f}" for k in ("interface", "basic", "sequential")) + " |")
+    gate = []
+    if summary.get("gate"):
+        g = summary["gate"]
+        gate = ["", f"Gate (SFT policy, validation instances): pass@1 {g['pass1']:.3f}; share of failures by layer "
+                + ", ".join(f"{k} {v:.2f}" for k, v in g["failure_layer_shares"].items())
+                + (" -> RL runs." if g["rl_starts"] else f" -> no RL: {g['reason']}")]
     tg = ["", "| target | met | figure |", "|---|---|---|"]
     for name, t in summary["targets"].items():
-        fig = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{v}" for k, v in t.items() if k != "met")
+        fig = "; ".join(_fmt(k, v) for k, v in t.items() if k != "met")
         tg.append(f"| {name} | {'yes' if t['met'] else 'no'} | {fig} |")
     diag = []
     if "diagnostics" in summary:
         diag = ["", diagnostics_markdown(summary["diagnostics"], LABELS).rstrip("\n")]
-    return "\n".join(rows + beh + tg + diag) + "\n"
+    return "\n".join(rows + spread + passk + beh + gate + tg + diag) + "\n"
+
+
+def _fmt(key: str, value) -> str:
+    if isinstance(value, float):
+        return f"{key} {value:.3f}"
+    if isinstance(value, dict):
+        return f"{key} " + ", ".join(f"{n}: {_fmt('', v).strip()}" for n, v in value.items())
+    if isinstance(value, list):
+        return f"{key} [" + ", ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in value) + "]"
+    return f"{key} {value}"
 
 
 def write_all(summary: dict, evals: dict, tokenizer, out_dir: str) -> list[str]:
@@ -199,7 +287,7 @@ def write_all(summary: dict, evals: dict, tokenizer, out_dir: str) -> list[str]:
         if pol not in evals:
             continue
         page, md = render_trajectory(evals[pol]["example"], tokenizer,
-                                     f"canonical task, {LABELS[pol]}: first sampled episode")
+                                     f"canonical task, {label(pol)}: first sampled episode")
         for ext, text in (("html", page), ("md", md)):
             written.append(os.path.join(out_dir, f"trajectory_{tag}.{ext}"))
             with open(written[-1], "w") as f:

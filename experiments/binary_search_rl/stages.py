@@ -35,6 +35,10 @@ from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import make_drills
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+VALIDATION_SEED_OFFSET = 5555
+"""Validation instances: `generate_tasks("train", n, seed + 5555)`, fresh instances of the
+training templates (disjoint from the RL pool's stream). The gate, the learning curves and the
+ablations read them; nothing is ever chosen on a held-out set."""
 # Rows of the RL and evaluation sampling engines. A row's tokens do not depend on the other
 # rows, so this only sets speed: 32 rows of 1024 slots (67 MB of KV cache) outgrow the 32 MB
 # L3 cache: a 48-episode rollout took 13.9 s against 11.6 s with 16 (benchmarks/bench_rollout.py).
@@ -217,19 +221,54 @@ _BEHAVIOUR_SERIES = {"tool_errors": "tool_errors_per_episode", "interface_errors
                      "tokens": "mean_tokens"}
 
 
-def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve_split: str = "heldout_instances",
-       curve_seed: int | None = None) -> dict:
-    """GRPO (cfg.rl.algo) from the SFT policy `start`; with `shuffle_rewards` the rewards are
-    permuted across each batch before the update (the control: same compute, no signal).
-    The learning curve evaluates `cfg.rl.curve_tasks` instances of `curve_split` (ablations
-    pass fresh "train" instances, so that nothing is chosen on a held-out set)."""
+def validation_tasks(cfg: StudyConfig, n: int):
+    return generate_tasks("train", n, cfg.seed + VALIDATION_SEED_OFFSET)
+
+
+def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
+    """The SFT policy's sampled episodes on validation instances, by failure layer (DESIGN
+    §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
+    g = cfg.gate
+    stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
+             "policy_mtime": _policy_mtime(start["policy"])}
+    done = cached(cfg, "gate", stamp)
+    if done is not None:
+        return done
+    t0 = time.time()
+    model, tok = load_policy(start["policy"])
+    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
+                                                  cache_size=RolloutConfig().max_total_tokens, seed=cfg.seed))
+    summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, ChatFormat(tok, tool_style="short"), sandbox,
+                          RolloutConfig(), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
+    layers = summary["behaviour"]["failure_layers"]
+    failed = sum(layers.values())
+    shares = {k: (v / failed if failed else 0.0) for k, v in layers.items()}
+    worst = max(shares, key=shares.get) if failed else None
+    passed = failed == 0 or shares["sequential"] >= g.min_sequential_share
+    result = {"pass1": summary["pass1"], f"pass{g.samples}": summary.get(f"pass{g.samples}"),
+              "failure_layers": layers, "failure_layer_shares": shares, "behaviour": summary["behaviour"],
+              "rl_starts": passed, "seconds": time.time() - t0,
+              "reason": None if passed else (f"{shares[worst]:.0%} of the SFT policy's failed validation episodes fail "
+                                             f"in the {worst} layer (sequential {shares['sequential']:.0%} < "
+                                             f"{g.min_sequential_share:.0%}): fix that layer first, RL is not its cure")}
+    print(f"[gate] validation pass@1 {summary['pass1']:.3f}; failures by layer "
+          + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()) + ("" if passed else f" -> no RL: {result['reason']}"),
+          flush=True)
+    return finish(cfg, "gate", stamp, result)
+
+
+def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, algo: str | None = None,
+       seed: int | None = None) -> dict:
+    """`algo` (default cfg.rl.algo) from the SFT policy `start` with `seed` (default cfg.seed);
+    with `shuffle_rewards` the rewards are permuted across each batch before the update (the
+    control: same compute, no signal). The learning curve evaluates `cfg.rl.curve_tasks`
+    validation instances (fresh training-template instances, never a held-out set)."""
     r = cfg.rl
-    study_curve = ("heldout_instances", cfg.eval.seed + 100)
-    curve_seed = study_curve[1] if curve_seed is None else curve_seed
-    stamp = {"rl": asdict(r), "seed": cfg.seed, "shuffle": shuffle_rewards, "start": start["policy"],
+    algo = algo or r.algo
+    seed = cfg.seed if seed is None else seed
+    run = {k: v for k, v in asdict(r).items() if k not in ("seeds", "second_algo")} | {"algo": algo}
+    stamp = {"rl": run, "seed": seed, "shuffle": shuffle_rewards, "start": start["policy"],
              "start_mtime": _policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
-    if (curve_split, curve_seed) != study_curve:  # only other curves enter the stamp: the study's caches stay valid
-        stamp["curve"] = [curve_split, curve_seed]
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -237,8 +276,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve
     model, tok = load_policy(start["policy"])
     run_dir = stage_dir(cfg, name)
     try:
-        curve_tasks = generate_tasks(curve_split, r.curve_tasks, curve_seed)
-        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, curve_tasks, curve_split)
+        return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, algo, seed)
     except NoSignalError as e:  # recorded, not raised: the study still reports the SFT policies
         print(f"[{name}] no RL run: {e}", flush=True)
         return finish(cfg, name, stamp, {"policy": None, "no_signal": str(e), "probe": e.result.get("probe"),
@@ -246,59 +284,62 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, curve
 
 
 def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t0: float,
-           shuffle_rewards: bool, curve_tasks, curve_split: str) -> dict:
+           shuffle_rewards: bool, algo: str, seed: int) -> dict:
     r = cfg.rl
     res = train_rl(
         model, tok,
-        rl=RLConfig(algo=r.algo, iterations=r.iterations, tasks_per_iter=r.tasks_per_iter, train_split="train",
+        rl=RLConfig(algo=algo, iterations=r.iterations, tasks_per_iter=r.tasks_per_iter, train_split="train",
                     num_train_tasks=r.num_train_tasks, eval_samples=1, eval_every=r.eval_every,
-                    shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=cfg.seed,
+                    shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=seed,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
         rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
         # group baselines need the whole batch: computed once before the mini-batch split
         train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef, agg=r.agg),
                           use_ref=r.kl_coef > 0,
-                          advantage=r.algo if r.mini_batches > 1 and r.algo in GROUP_ADVANTAGES else "loss"),
+                          advantage=algo if r.mini_batches > 1 and algo in GROUP_ADVANTAGES else "loss"),
         optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
         rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
                              interface_error_penalty=r.interface_error_penalty),
-        traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=curve_tasks, show_progress=False,
+        traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=validation_tasks(cfg, r.curve_tasks),
+        show_progress=False,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
-                                         + (f"  {curve_split} {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
+                                         + (f"  validation {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
                                          flush=True))
     if res.get("interrupted"):
         raise KeyboardInterrupt
-    curve = [{"iteration": 0, "heldout_pass1": res["before"]["pass1"]}]
+    curve = [{"iteration": 0, "validation_pass1": res["before"]["pass1"]}]
     train_reward = []
     for it, m in enumerate(res["iterations"], start=1):  # flat metrics, "section/name" keys
         train_reward.append({"iteration": it, "reward": m["rollout/reward_mean"], "success": m["rollout/success"],
                              "loss": m.get("train/loss"), "mixed_groups": m.get("rollout/mixed_group_share"),
                              **{short: m.get(f"rollout/{key}", 0.0) for short, key in _BEHAVIOUR_SERIES.items()}})
         if "eval/pass1" in m:
-            curve.append({"iteration": it, "heldout_pass1": m["eval/pass1"]})
-    curve.append({"iteration": r.iterations, "heldout_pass1": res["after"]["pass1"]})
+            curve.append({"iteration": it, "validation_pass1": m["eval/pass1"]})
+    curve.append({"iteration": r.iterations, "validation_pass1": res["after"]["pass1"]})
     invariants = {"verifier_check": res.get("verifier_check"), "repeatable": res.get("repeatable"),
                   "probe": res.get("probe")}
     return finish(cfg, name, stamp, {"policy": os.path.join(run_dir, "policy"), "train_reward": train_reward,
-                                     "heldout_curve": curve, "invariants": invariants,
+                                     "validation_curve": curve, "invariants": invariants,
                                      "seconds": time.time() - t0})
 
 
 # ---- 4. evaluation ----
-def eval_sets(cfg: StudyConfig) -> dict:
+def eval_sets(cfg: StudyConfig, passk: bool = False) -> dict:
+    """split -> (tasks, episodes per task); `passk`: 8 episodes per held-out instance."""
     e = cfg.eval
     return {"canonical": ([binary_search_task()], e.canonical_samples),
             "heldout_instances": (generate_tasks("heldout_instances", e.heldout_instance_tasks, e.seed),
-                                  e.samples_per_task),
+                                  e.passk_samples if passk else e.samples_per_task),
             "heldout_templates": (generate_tasks("heldout_templates", e.heldout_template_tasks, e.seed),
                                   e.samples_per_task)}
 
 
-def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox) -> dict:
-    """pass@1 / pass@k with Wilson intervals and behaviour statistics on the three sets; the
-    first canonical episode is kept (ids + masks) for the rendered example trajectory."""
+def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk: bool = False) -> dict:
+    """pass@1 / pass@k with Wilson intervals and behaviour statistics on the three sets (with
+    `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
+    is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(policy)}
+             "policy_mtime": _policy_mtime(policy), "passk": passk}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
@@ -310,7 +351,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox) -> dict:
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))
     out: dict = {}
-    for split, (tasks, k) in eval_sets(cfg).items():
+    for split, (tasks, k) in eval_sets(cfg, passk).items():
         summary, eps = evaluate(tasks, engine, chat, sandbox, rollout, tools_config(cfg), k, seed=cfg.eval.seed,
                                 show_progress=False)
         summary.pop("signal", None)

@@ -5,13 +5,19 @@ would: every assistant message is one `format_tool_call(...)` text, every observ
 the real tool result from a `ToolSession`, and the final workspace is scored by the
 verifier. The transcript is therefore a valid SFT episode.
 
-The expert knows the fix (it diffs the workspace against `task.reference_files`), and its
-styles add the imperfections real demonstrations have:
+The expert knows the fix (it diffs the workspace against `task.reference_files`). It edits
+in either tool style (`tool_style`): "full" with `str_replace(path, old, new)`, "short" with
+`replace_lines(path, start, end, text)`, one changed line per call. Its styles add the
+imperfections real demonstrations have, each a *decision* (the edits it does make are right
+except where a style says otherwise):
 - "perfect": read, run the tests, fix every bug, run the tests again, submit;
-- "skip_tests": read, fix, submit without ever running the tests;
-- "first_bug_only": fix only the first differing block, then submit;
+- "skip_tests": read, fix every bug, submit without ever running the tests;
+- "first_bug_only": read, run the tests, fix only the first differing line, then submit;
 - "wrong_first_edit": make a plausible but wrong first edit, run the tests, and recover
-  (fix everything, re-run, submit) only if the run shows a failure.
+  (fix everything, re-run, submit) only if the run shows a failure;
+- "stop_after_failure": the same wrong first edit and test run, then submit despite the
+  failing run;
+- "rerun_tests": run the tests twice without editing in between, then submit unfixed.
 
 Measure the success rate per style: `python -m jaxrl_agent.env.expert --n 40`.
 """
@@ -26,11 +32,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
-from jaxrl_agent.env.tools import (ToolConfig, Tools, ToolSession, create_workspaces,
+from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces,
                                    format_tool_call)
 from jaxrl_agent.env.verifier import verify
 
-STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit")
+STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit", "stop_after_failure", "rerun_tests")
 
 
 @dataclass
@@ -50,6 +56,22 @@ class Transcript:
 
 
 # ---- edit planning ----
+
+
+def _line_edits(current: str, reference: str) -> list[tuple[int, int, str]]:
+    """(start, end, text) `replace_lines` calls turning `current` into `reference`, in file
+    order: one call per changed line where a block keeps its line count (the task family's
+    bugs always do), one call for the whole block otherwise (end = start - 1 inserts)."""
+    cur, ref = current.splitlines(), reference.splitlines()
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=cur, b=ref, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        if i2 - i1 == j2 - j1:
+            out += [(i1 + k + 1, i1 + k + 1, ref[j1 + k]) for k in range(i2 - i1) if cur[i1 + k] != ref[j1 + k]]
+        else:
+            out.append((i1 + 1, i2, "\n".join(ref[j1:j2])))
+    return out
 
 
 def _edits(current: str, reference: str) -> list[tuple[str, str]]:
@@ -104,12 +126,15 @@ def _wrong(new: str, old: str) -> str | None:
 
 
 def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
-               rng: random.Random | None = None, cfg: ToolConfig = ToolConfig()) -> Transcript:
-    """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests)."""
+               rng: random.Random | None = None, cfg: ToolConfig = ToolConfig(),
+               tool_style: str = "full", judge: bool = True) -> Transcript:
+    """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests), editing
+    with the tools of `tool_style` ("full": str_replace, "short": replace_lines); with
+    `judge`, the verifier scores the final workspace (`reward`, `verify_info`)."""
     if style not in STYLES:
         raise ValueError(f"unknown expert style {style!r}; expected one of {STYLES}")
     rng = rng or random.Random(0)
-    session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg)
+    session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg, TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, style)
 
     def act(name: str, **args) -> str:
@@ -124,18 +149,45 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
         with open(os.path.join(workspace, path), encoding="utf-8") as f:
             return f.read()
 
+    def plan(path: str) -> list[dict]:
+        """The remaining correct edits of `path` as tool-call arguments, first one first."""
+        cur, ref = current(path), task.reference_files[path]
+        if tool_style == "short":
+            return [dict(path=path, start=a, end=b, text=t) for a, b, t in _line_edits(cur, ref)]
+        return [dict(path=path, old=o, new=n) for o, n in _edits(cur, ref)]
+
+    def edit(args: dict) -> bool:
+        act("replace_lines" if tool_style == "short" else "str_replace", **args)
+        return bool(tr.turns) and tr.turns[-1][1].startswith("Edited")
+
     def fix(limit: int | None = None) -> None:
         """Apply the first remaining edit, re-plan on the new text, repeat (`limit` edits)."""
         done = 0
         for path in sorted(task.reference_files):
             while limit is None or done < limit:
-                plan = _edits(current(path), task.reference_files[path])
-                if not plan or session.termination is not None:
+                todo = plan(path)
+                if not todo or session.termination is not None:
                     break
-                act("str_replace", path=path, old=plan[0][0], new=plan[0][1])
                 done += 1
-                if not tr.turns[-1][1].startswith("Edited"):
+                if not edit(todo[0]):
                     return  # the edit did not apply: stop rather than loop
+
+    def wrong_edit() -> bool:
+        """A plausible but wrong version of the first correct edit; False if none exists."""
+        todo = plan(sorted(task.reference_files)[0])
+        if not todo:
+            return False
+        args = dict(todo[0])
+        key = "text" if tool_style == "short" else "new"
+        old = current(args["path"]).splitlines()[args["start"] - 1] if tool_style == "short" else args["old"]
+        wrong = _wrong(args[key], old)
+        if wrong is None:
+            return False
+        args[key] = wrong
+        return edit(args)
+
+    def failing(result: str) -> bool:
+        return "failed" in result or "error" in result or "timed out" in result
 
     # ---- look around ----
     if rng.random() < 0.5:
@@ -144,35 +196,35 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
         act("read_file", path=path)
     if style != "skip_tests":
         act("run_tests")
-    # ---- edit ----
-    if style == "wrong_first_edit":
-        path = sorted(task.reference_files)[0]
-        plan = _edits(current(path), task.reference_files[path])
-        wrong = _wrong(plan[0][1], plan[0][0]) if plan else None
-        if wrong is not None:
-            act("str_replace", path=path, old=plan[0][0], new=wrong)
+    # ---- edit (or not) ----
+    if style in ("wrong_first_edit", "stop_after_failure"):
+        if wrong_edit():
             result = act("run_tests")
-            if "failed" in result or "error" in result or "timed out" in result:
+            if style == "wrong_first_edit" and failing(result):
                 fix()  # recovery: the failing run says the edit was wrong
-        else:
+        elif style == "wrong_first_edit":
             fix()
+    elif style == "rerun_tests":
+        act("run_tests")  # the same code, the same result: a wasted turn, then giving up
     elif style == "first_bug_only":
         fix(limit=1)
     else:
         fix()
     if style in ("perfect", "wrong_first_edit") and session.termination is None and \
-            tr.turns and "str_replace" in tr.turns[-1][0]:
+            tr.turns and tr.turns[-1][1].startswith("Edited"):
         act("run_tests")
     act("submit")
     # ---- score ----
     tr.termination = session.termination
-    vr = verify(task, workspace, sandbox)
-    tr.reward, tr.verify_info = vr.reward, vr.info
+    if judge:
+        vr = verify(task, workspace, sandbox)
+        tr.reward, tr.verify_info = vr.reward, vr.info
     return tr
 
 
 def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
-            cfg: ToolConfig = ToolConfig(), threads: int | None = None) -> dict[str, dict]:
+            cfg: ToolConfig = ToolConfig(), threads: int | None = None,
+            tool_style: str = "full") -> dict[str, dict]:
     """Success rate, mean turns and terminations per style over `tasks`.
 
     Episodes run in `threads` threads (default: one per sandbox worker); each episode's
@@ -187,7 +239,8 @@ def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
             def one(i: int) -> Transcript:
                 ws = create_workspaces(workspace_files(tasks[i]),
                                        os.path.join(root, style, str(i)), 1)[0]
-                return run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg)
+                return run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg,
+                                  tool_style)
 
             with ThreadPoolExecutor(threads) as pool:
                 trs = list(pool.map(one, range(len(tasks))))
@@ -208,11 +261,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--tool-style", default="full", choices=("full", "short"))
     p.add_argument("--out", default=None, help="optional JSON output path")
     args = p.parse_args(argv)
     tasks = generate_tasks(args.split, args.n, args.seed)
     with Sandbox(num_workers=args.workers, timeout_s=20) as sb:
-        res = measure(tasks, sb, seed=args.seed)
+        res = measure(tasks, sb, seed=args.seed, tool_style=args.tool_style)
     print(f"{'style':<18} {'success':>8} {'turns':>6}  terminations")
     for style, r in res.items():
         print(f"{style:<18} {r['success_rate']:>8.3f} {r['mean_turns']:>6.1f}  {r['terminations']}")

@@ -1,5 +1,13 @@
 """The tool-call API (HOST, no heavy imports): tool schemas, the call text format, the parser.
 
+Two tool sets, one per chat tool style (`tool_schemas(style)`): "full" (for pretrained chat
+models) edits with `str_replace(path, old, new)`; "short" (for the tiny policies trained
+here) edits with the line-addressed `replace_lines(path, start, end, text)`, whose `text` is
+whole lines, indentation included, exactly as `read_file` prints them after `N|`. An edit is
+then a copy at the token level: the argument's tokens are the observation's tokens (tested
+in tests/test_tokenizer.py), where `str_replace`'s stripped `old` is tokenized differently
+from the same text inside an indented line.
+
 Text format (Qwen2.5 / Hermes): the assistant writes
     <tool_call>
     {"name": "read_file", "arguments": {"path": "bsearch.py"}}
@@ -16,7 +24,7 @@ from dataclasses import dataclass
 
 # ---- schemas ----
 
-TOOL_SCHEMAS: list[dict] = [
+ALL_TOOL_SCHEMAS: list[dict] = [
     {"type": "function", "function": {
         "name": "list_files", "description": "List the files in the repository.",
         "parameters": {"type": "object", "properties": {}, "required": []}}},
@@ -37,6 +45,18 @@ TOOL_SCHEMAS: list[dict] = [
             "new": {"type": "string", "description": "Replacement text."}},
             "required": ["path", "old", "new"]}}},
     {"type": "function", "function": {
+        "name": "replace_lines",
+        "description": "Replace lines start..end (inclusive, 1-based) with `text` (whole lines, "
+                       "indentation included, as read_file shows them after `N|`).",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string", "description": "File path, relative to the repository."},
+            "start": {"type": "integer", "description": "First line to replace (1-based)."},
+            "end": {"type": "integer", "description": "Last line to replace (inclusive; "
+                                                      "start - 1 inserts before start)."},
+            "text": {"type": "string", "description": "The new lines (\\n-separated; empty "
+                                                      "deletes the range)."}},
+            "required": ["path", "start", "end", "text"]}}},
+    {"type": "function", "function": {
         "name": "run_tests",
         "description": "Run the repository's tests; shows a summary and the first failure.",
         "parameters": {"type": "object", "properties": {}, "required": []}}},
@@ -45,16 +65,37 @@ TOOL_SCHEMAS: list[dict] = [
         "parameters": {"type": "object", "properties": {}, "required": []}}},
 ]
 
+_BY_NAME = {s["function"]["name"]: s for s in ALL_TOOL_SCHEMAS}
+TOOL_SETS: dict[str, tuple[str, ...]] = {
+    "full": ("list_files", "read_file", "str_replace", "run_tests", "submit"),
+    "short": ("list_files", "read_file", "replace_lines", "run_tests", "submit"),
+}
+"""The tools offered in each chat tool style (`tokenizer.ChatFormat.tool_style`)."""
+EDIT_TOOLS = ("str_replace", "replace_lines")
+"""Tools that change the workspace (behaviour statistics and shaping count these as edits)."""
+
+
+def tool_schemas(style: str = "full") -> list[dict]:
+    """The OpenAI function-format schemas of the tools offered in `style` ("full" / "short")."""
+    if style not in TOOL_SETS:
+        raise ValueError(f"unknown tool style {style!r}; expected one of {sorted(TOOL_SETS)}")
+    return [_BY_NAME[n] for n in TOOL_SETS[style]]
+
+
+TOOL_SCHEMAS: list[dict] = tool_schemas("full")
+"""The full style's tools (str_replace edits), as Qwen2.5-style chat models expect them."""
+
 # One line per tool, for the short system prompt of tiny models (DESIGN §7).
 TOOL_DESCRIPTIONS = "\n".join([
     "list_files() - list the files",
     "read_file(path, start_line?, end_line?) - show numbered lines",
     "str_replace(path, old, new) - replace the unique text old with new",
+    "replace_lines(path, start, end, text) - replace lines start..end with text",
     "run_tests() - run the tests",
     "submit() - finish",
 ])
 
-_SPECS = {s["function"]["name"]: s["function"]["parameters"] for s in TOOL_SCHEMAS}
+_SPECS = {name: s["function"]["parameters"] for name, s in _BY_NAME.items()}
 _PY_TYPES = {"string": str, "integer": int}
 
 
@@ -86,15 +127,19 @@ def format_tool_call(name: str, arguments: dict | None = None) -> str:
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-def parse_tool_call(text, max_arg_chars: int = 4000) -> ToolCall | ParseError:
-    """Extract and validate the single tool call in `text`; never raises."""
+def parse_tool_call(text, max_arg_chars: int = 4000,
+                    allowed: tuple[str, ...] | None = None) -> ToolCall | ParseError:
+    """Extract and validate the single tool call in `text`; never raises.
+
+    `allowed` names the tools offered in this episode (None: every known tool); any other
+    name is an `unknown_tool` interface error."""
     try:
-        return _parse(text, max_arg_chars)
+        return _parse(text, max_arg_chars, tuple(_SPECS) if allowed is None else tuple(allowed))
     except Exception as e:  # noqa: BLE001 - defensive: the parser must never crash a rollout
         return ParseError("malformed_json", f"Error: could not parse the tool call ({type(e).__name__}).")
 
 
-def _parse(text, max_arg_chars: int) -> ToolCall | ParseError:
+def _parse(text, max_arg_chars: int, allowed: tuple[str, ...]) -> ToolCall | ParseError:
     if not isinstance(text, str):
         return ParseError("no_call", "Error: expected text containing a tool call.")
     n_open = text.count(OPEN)
@@ -127,9 +172,9 @@ def _parse(text, max_arg_chars: int) -> ToolCall | ParseError:
             return ParseError("malformed_json", "Error: the arguments are not valid JSON.")
     if not isinstance(args, dict):
         return ParseError("bad_structure", "Error: arguments must be a JSON object.")
-    if name not in _SPECS:
+    if name not in _SPECS or name not in allowed:
         return ParseError("unknown_tool", f"Error: unknown tool {name[:60]!r}. Tools: "
-                          + ", ".join(_SPECS) + ".")
+                          + ", ".join(n for n in _SPECS if n in allowed) + ".")
     spec = _SPECS[name]
     props, required = spec["properties"], spec["required"]
     missing = [a for a in required if a not in args]

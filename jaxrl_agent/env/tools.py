@@ -7,7 +7,11 @@ plain text: tiny models are trained on them.
 
 Every bad input becomes an error text and the episode goes on (DESIGN §7): malformed JSON,
 unknown tool, missing/extra/mistyped arguments, oversized arguments, paths outside the
-workspace, an `old` text that is missing or not unique. Interface errors (the call never
+workspace, an `old` text that is missing or not unique, a line range outside the file.
+
+`read_file` prints `N|line` (no space after the bar): the line's text then splits into the
+same pre-tokens as inside a JSON string argument (`"` + the same indentation), so
+`replace_lines`'s `text` copies the observation token for token. Interface errors (the call never
 reached a tool: `ParseError.kind`) count towards `ToolConfig.max_parse_errors` in a row,
 which ends the episode with termination "parse_error_limit".
 """
@@ -19,8 +23,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 # Re-exported: callers import the whole tool API from here.
-from jaxrl_agent.env.tool_calls import (TOOL_DESCRIPTIONS, TOOL_SCHEMAS, ParseError, ToolCall,  # noqa: F401
-                                        format_tool_call, parse_tool_call)
+from jaxrl_agent.env.tool_calls import (EDIT_TOOLS, TOOL_DESCRIPTIONS, TOOL_SCHEMAS, TOOL_SETS,  # noqa: F401
+                                        ParseError, ToolCall, format_tool_call, parse_tool_call,
+                                        tool_schemas)
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,24 @@ class Tools:
                             f"{len(lines)} lines.")
         if not lines:
             return ToolResult(f"({path} is empty)")
-        return ToolResult("\n".join(f"{i}| {lines[i - 1]}" for i in range(start, end + 1)))
+        return ToolResult(numbered(lines, start, end))
+
+    def _replace_lines(self, path: str, start: int, end: int, text: str) -> ToolResult:
+        full = resolve(self.workspace, path)
+        with open(full, encoding="utf-8") as f:
+            old = f.read()
+        lines = old.splitlines()
+        if not (1 <= start <= len(lines) + 1 and start - 1 <= end <= len(lines)):
+            raise ToolError(f"Error: bad line range {start}..{end}; {path} has {len(lines)} lines "
+                            "(start..end inclusive; end = start - 1 inserts before start).")
+        new = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+        new = [] if text == "" else new
+        lines[start - 1:end] = new
+        write_atomic(full, "\n".join(lines) + ("\n" if lines and (old.endswith("\n") or not old) else ""))
+        if not new:
+            return ToolResult(f"Edited {path}: deleted lines {start}-{end}.")
+        shown = min(len(new), 10)
+        return ToolResult(f"Edited {path}:\n" + numbered(lines, start, start + shown - 1))
 
     def _str_replace(self, path: str, old: str, new: str) -> ToolResult:
         full = resolve(self.workspace, path)
@@ -196,6 +218,11 @@ class Tools:
 
     def _submit(self) -> ToolResult:
         return ToolResult("Submitted.", done=True, termination="submitted")
+
+
+def numbered(lines: list[str], start: int, end: int) -> str:
+    """Lines start..end (1-based, inclusive) as `read_file` shows them: `N|line`."""
+    return "\n".join(f"{i}|{lines[i - 1]}" for i in range(start, end + 1))
 
 
 def summarize_tests(res) -> str:
@@ -244,6 +271,8 @@ class ToolSession:
 
     tools: Tools
     cfg: ToolConfig = ToolConfig()
+    tool_names: tuple[str, ...] | None = None
+    """The tools offered (`TOOL_SETS[style]`); None: every known tool."""
     turns: int = 0
     parse_errors_in_row: int = 0
     termination: str | None = None
@@ -253,7 +282,7 @@ class ToolSession:
         if self.termination is not None:
             raise RuntimeError(f"episode already ended ({self.termination})")
         self.turns += 1
-        call = parse_tool_call(text, self.cfg.max_arg_chars)
+        call = parse_tool_call(text, self.cfg.max_arg_chars, self.tool_names)
         if isinstance(call, ParseError):
             self.parse_errors_in_row += 1
             done = self.parse_errors_in_row >= self.cfg.max_parse_errors
