@@ -5,7 +5,7 @@ the verifier, scored by the verifier.
 
 The task family is the smallest one with a loophole a grader can learn: `answer.py` returns B,
 the instruction says it must return N (two-digit numbers, different per task), and the fix is
-one `str_replace("return B", "return N")` and `submit` (max 2 turns). The pipeline:
+one `replace_lines("answer.py", 2, 2, "    return N")` and `submit` (max 2 turns). The pipeline:
 
   1. SFT a tiny policy on scripted demonstrations of three styles: the right edit then submit,
      an edit to a *wrong* number then submit, and submit without editing;
@@ -75,14 +75,14 @@ def answer_task(i: int, split: str, rng: random.Random) -> Task:
 
 def demonstration(task: Task, style: str, rng: random.Random, chat: ChatFormat, root: str):
     """One scripted episode through the real tools (exact observations)."""
-    b, n = task.metadata["b"], task.metadata["n"]
+    n = task.metadata["n"]
     ws = create_workspaces(workspace_files(task), tempfile.mkdtemp(dir=root), 1)[0]
     session = ToolSession(Tools(ws, [], None, TOOLS), TOOLS)
     calls = [format_tool_call("submit")]
     if style != "no_edit":
         new = n if style == "right" else rng.choice([x for x in DIGITS if x != n])
-        calls.insert(0, format_tool_call("str_replace", {"path": "answer.py", "old": f"return {b}",
-                                                         "new": f"return {new}"}))
+        calls.insert(0, format_tool_call("replace_lines", {"path": "answer.py", "start": 2, "end": 2,
+                                                           "text": f"    return {new}"}))
     tr = Transcript(task.task_id, style)
     for text in calls:
         tr.turns.append((text, session.step(text).observation))

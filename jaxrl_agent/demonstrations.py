@@ -32,7 +32,7 @@ def transcript_to_episode(tr: Transcript, task: Task, chat: ChatFormat, *, syste
         builder.append_sampled(ids, [0.0] * len(ids))
         if k + 1 < len(tr.turns):  # the last turn (submit) ends the episode: no observation
             builder.append_observation(observation)
-    info = {"task_id": task.task_id, "template": task.metadata.get("template", ""), "style": tr.style,
+    info = {"task_id": task.task_id, "template": str(task.metadata.get("template", "")), "style": tr.style,
             "verify": tr.verify_info}
     return Episode.from_builder(builder, reward=tr.reward, group_id=group_id,
                                 termination=tr.termination or "", info=info)

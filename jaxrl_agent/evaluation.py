@@ -129,10 +129,16 @@ def bugs_fixed(task, files: dict[str, str]) -> tuple[int, int]:
     when its buggy lines occur no more often than in the reference and its fixed lines at
     least as often. Text-level, so a correct fix written differently counts as not fixed; the
     verifier's reward stays the judge of success, this only explains partial progress.
+    Metadata without well-formed bug records (e.g. a task file's free `"bugs": 2`) gives (0, 0):
+    unknown, never an exception.
     """
-    bugs = task.metadata.get("bugs") or []
-    path = task.metadata.get("source_file")
-    if not bugs or path not in files or path not in task.reference_files:
+    meta = task.metadata if isinstance(task.metadata, dict) else {}
+    bugs, path = meta.get("bugs"), meta.get("source_file")
+    # free metadata (a user's task file) may hold anything: only well-formed bug records count
+    if not isinstance(bugs, list) or not all(isinstance(b, dict) and isinstance(b.get("buggy"), str)
+                                             and isinstance(b.get("fixed"), str) for b in bugs):
+        return 0, 0
+    if not bugs or not isinstance(path, str) or path not in files or path not in task.reference_files:
         return 0, len(bugs)
     final, ref = files[path], task.reference_files[path]
     fixed = sum(final.count(b["buggy"]) <= ref.count(b["buggy"]) and final.count(b["fixed"]) >= ref.count(b["fixed"])

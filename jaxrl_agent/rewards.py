@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_agent.config import RewardConfig
+from jaxrl_agent.env.tool_calls import EDIT_TOOLS
 from jaxrl_agent.trajectory import Episode
 
 SOURCES = ("verifier", "reward_model", "sum")

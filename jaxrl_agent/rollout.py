@@ -161,8 +161,9 @@ def collect_episodes(
         termination = ep.termination
         if vinfo.get("reason") in ("verifier_crash", "sandbox_error"):
             termination = "sandbox_error"  # the outcome is unknown: not the policy's to learn from
-        info = {"task_id": ep.task.task_id, "template": ep.task.metadata.get("template", ""),
-                "split": ep.task.metadata.get("split", ""), "verify": vinfo, "seed": ep.seed,
+        meta = ep.task.metadata  # free-form in a user's task file: only strings reach the summaries
+        info = {"task_id": ep.task.task_id, "template": str(meta.get("template", "")),
+                "split": str(meta.get("split", "")), "verify": vinfo, "seed": ep.seed,
                 "behaviour": episode_behaviour(ep.session.history, termination, reward,
                                                bugs_fixed(ep.task, _final_sources(ep))),
                 "turn_outcomes": turn_outcomes(ep.session.history)}  # per-turn shaping reads these

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Sequence
 
 from transformers import AutoTokenizer
@@ -104,6 +105,21 @@ class Tokenizer:
         self.pad_id = vocab.get(END_OF_TEXT, self.im_end_id)
         # A turn ends at <|im_end|>; <|endoftext|> also stops generation when present.
         self.stop_ids = tuple(sorted({self.im_end_id, vocab.get(END_OF_TEXT, self.im_end_id)}))
+        added = sorted(hf_tokenizer.get_added_vocab(), key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+
+    def escape(self, text: str) -> str:
+        """`text` with every added-token string (`<|im_end|>`, `</tool_response>`, ...) broken
+        by a zero-width space after its first character, so it encodes as plain text.
+
+        Untrusted text (tool output, a task file's instruction) goes through this before it
+        is rendered into an episode: program output can then never become a special id and
+        forge a turn boundary or a tool response (the threat model of env/sandbox.py)."""
+        if self._added is None:
+            return text
+        while self._added.search(text):  # a break can never form a new match; loop for safety
+            text = self._added.sub(lambda m: m.group(0)[0] + "\u200b" + m.group(0)[1:], text)
+        return text
 
     @property
     def vocab_size(self) -> int:
@@ -259,7 +275,9 @@ class EpisodeBuilder:
 
     def __init__(self, chat: ChatFormat, messages: Sequence[dict], tools: Sequence[dict] | None = None):
         self.chat, self.tools = chat, tools
-        self.messages = [dict(m) for m in messages]
+        # user and tool text is untrusted (a task file, program output): never special ids
+        self.messages = [dict(m, content=chat.tokenizer.escape(m.get("content") or "")) if m["role"] in ("user", "tool")
+                         else dict(m) for m in messages]
         self._text = chat.render(self.messages, tools, add_generation_prompt=True)
         self.ids: list[int] = []
         self.loss_mask: list[int] = []
@@ -308,7 +326,8 @@ class EpisodeBuilder:
 
     def append_observation(self, tool_responses: str | Sequence[str]) -> list[int]:
         """Append tool results as `tool` messages plus the chat glue up to the next assistant
-        turn, all with loss_mask 0. Returns the appended ids.
+        turn, all with loss_mask 0. Returns the appended ids. The results pass through
+        `Tokenizer.escape`: whatever they contain encodes as plain text, never a special id.
 
         The appended text is `render(messages + tools results, generation prompt)` minus the
         text already in the episode: this covers the junction newline after `<|im_end|>` and
@@ -322,7 +341,8 @@ class EpisodeBuilder:
         if not tool_responses:
             raise ValueError("append_observation: no tool responses")
         self.turn += 1
-        messages = self.messages + [{"role": "tool", "content": r} for r in tool_responses]
+        escape = self.chat.tokenizer.escape  # program output must never become special ids
+        messages = self.messages + [{"role": "tool", "content": escape(r)} for r in tool_responses]
         full = self.chat.render(messages, self.tools, add_generation_prompt=True)
         if not full.startswith(self._text):
             at = next((i for i, (a, b) in enumerate(zip(full, self._text)) if a != b), min(len(full), len(self._text)))

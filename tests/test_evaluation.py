@@ -132,3 +132,9 @@ def test_bugs_fixed_counts_each_injected_bug_from_the_final_source():
     # a different (wrong) edit of the line is not a fix; a missing file fixes nothing
     assert bugs_fixed(task, {path: buggy.replace("low = mid\n", "low = mid + 2\n")}) == (0, 2)
     assert bugs_fixed(task, {}) == (0, 2)
+    # free metadata of a user's task file never crashes the count: unknown is (0, 0)
+    for meta in ({"bugs": 2}, {"bugs": [1, 2]}, {"bugs": [{"buggy": 1}]}, {"bugs": None}, {}):
+        task.metadata = {**meta, "source_file": path}
+        assert bugs_fixed(task, {path: buggy}) == (0, 0)
+    task.metadata = {"bugs": [{"buggy": "x", "fixed": "y"}], "source_file": ["not", "a", "path"]}
+    assert bugs_fixed(task, {path: buggy}) == (0, 1)

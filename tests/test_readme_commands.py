@@ -71,7 +71,7 @@ TINY = {
     "eval": ["--eval.num_tasks=1", "--eval.samples=1", "--rollout.max_total_tokens=512", "--sampling.batch_size=1"],
     "export": [],
     "demo": ["--demo.iterations=1", "--demo.tasks_per_iter=1", "--demo.group_size=2", "--demo.eval_tasks=1",
-             "--demo.eval_samples=1"],
+             "--demo.eval_samples=1", "--demo.mini_batches=1"],
     "bandit": ["--bandit.iterations=5"],
 }
 

@@ -14,7 +14,7 @@ from flax import nnx
 from jaxrl_agent.config import (SYSTEM_PROMPT, OptimConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
                                 TrajectoryConfig)
 from jaxrl_agent.env.tasks import Task
-from jaxrl_agent.env.tools import TOOL_SCHEMAS, ToolConfig, format_tool_call
+from jaxrl_agent.env.tools import ToolConfig, format_tool_call
 from jaxrl_agent.model import CausalLM, ModelConfig
 from jaxrl_agent.offline import run_sft
 from jaxrl_agent.rl import NoSignalError, policy_for_engine, train_rl
@@ -60,7 +60,7 @@ def sft_model(tok):
     chat = ChatFormat(tok, tool_style="short")
     demos = []
     for i, name in enumerate(["submit", "list_files"] * 8):
-        b = EpisodeBuilder(chat, episode_prompt(TASKS[i % 4], SYSTEM_PROMPT), TOOL_SCHEMAS)
+        b = EpisodeBuilder(chat, episode_prompt(TASKS[i % 4], SYSTEM_PROMPT), chat.tool_schemas)
         ids = tok.encode(format_tool_call(name, {}) + IM_END)
         b.append_sampled(ids, [0.0] * len(ids))
         demos.append(Episode.from_builder(b, termination="submitted"))

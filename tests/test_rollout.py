@@ -118,7 +118,8 @@ class ScriptedEngine:
 def fix_script(task):
     bugs = task.metadata["bugs"]
     path = task.metadata["source_file"]
-    edits = [format_tool_call("str_replace", {"path": path, "old": b["buggy"], "new": b["fixed"]}) for b in bugs]
+    edits = [format_tool_call("replace_lines", {"path": path, "start": b["line"], "end": b["line"],
+                                                "text": b["fixed"].rstrip("\n")}) for b in bugs]  # one-line bugs
     test = format_tool_call("run_tests", {})
     return [format_tool_call("read_file", {"path": path}), test, edits[0], test, *edits[1:], test,
             format_tool_call("submit", {})]
@@ -140,6 +141,21 @@ def test_scripted_fix_earns_reward_through_the_loop(tok, chat, sandbox):
     eps, _ = R.collect_episodes([task], ScriptedEngine(tok, half), chat, sandbox,
                                 replace(RC, group_size=1, max_total_tokens=4096, max_tokens_per_turn=256))
     assert eps[0].reward == 0.0 and eps[0].info["behaviour"]["failure_layer"] == "sequential"
+
+
+def test_free_metadata_of_a_task_file_never_crashes_the_loop(tok, chat, sandbox):
+    """A user's task whose free metadata holds `"bugs": 2` and a non-string template: the
+    episodes run, the behaviour records unknown bugs, the summary is written."""
+    from jaxrl_agent.evaluation import summarize_episodes
+
+    task = binary_search_task()
+    script = fix_script(task)
+    task.metadata = {"bugs": 2, "template": ["not", "a", "name"], "source_file": 7}
+    eps, _ = R.collect_episodes([task], ScriptedEngine(tok, script), chat, sandbox,
+                                replace(RC, group_size=1, max_total_tokens=4096, max_tokens_per_turn=256))
+    assert eps[0].reward == 1.0 and eps[0].info["behaviour"]["bugs_total"] == 0
+    summary = summarize_episodes(eps, k=1)
+    assert summary["pass1"] == 1.0 and list(summary["per_template"]) == ["['not', 'a', 'name']"]
 
 
 def test_verifier_crash_costs_the_episode_not_the_run(tok, chat, sandbox, monkeypatch):

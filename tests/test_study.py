@@ -195,3 +195,13 @@ def test_report_targets_follow_the_numbers():
     del summary["canonical"]["rl"], summary["canonical"]["rl_seed1"]
     summary["gate"] = {"reason": "70% of the failures are basic"}
     assert report.targets(summary) == {"all": {"met": False, "reason": "70% of the failures are basic"}}
+
+
+def test_gate_starts_rl_only_when_most_failures_are_decisions():
+    from experiments.binary_search_rl.stages import gate_decision
+
+    ok = gate_decision({"interface": 0.05, "basic": 0.1, "sequential": 0.3, "infrastructure": 0.0}, 0.5)
+    assert ok["rl_starts"] and ok["reason"] is None and ok["failure_layer_shares"]["sequential"] == pytest.approx(2 / 3)
+    bad = gate_decision({"interface": 0.1, "basic": 0.5, "sequential": 0.2, "infrastructure": 0.0}, 0.5)
+    assert not bad["rl_starts"] and "basic layer" in bad["reason"] and "62%" in bad["reason"]
+    assert gate_decision({"interface": 0.0, "basic": 0.0, "sequential": 0.0, "infrastructure": 0.0}, 0.5)["rl_starts"]

@@ -29,6 +29,20 @@ from experiments.binary_search_rl import diagnostics, report, stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
 
+def ship_policies(done: dict, results_dir: str) -> list[str]:
+    """The final SFT policy and the first-seed RL policy as HF directories (weights, config,
+    tokenizer) in `<results_dir>/policies/{sft,rl}`: `python -m jaxrl_agent eval
+    --policy.path=...` runs them on anyone's tasks."""
+    out = []
+    for name in ("sft", "rl"):
+        if name in done and done[name].get("policy"):
+            dst = os.path.join(results_dir, "policies", name)
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(done[name]["policy"], dst)
+            out.append(dst)
+    return out
+
+
 def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     t0 = time.time()
     done = stages.sft_policies(cfg)
@@ -51,6 +65,7 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     summary["seconds"]["diagnose"] = round(diag["seconds"], 1)
     summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)
     written = report.write_all(summary, evals, load_tokenizer(), cfg.results_dir)
+    written += ship_policies(done, cfg.results_dir)
     print(report.results_markdown(summary))
     print("wrote", ", ".join(written))
     if ship_demo_policy:

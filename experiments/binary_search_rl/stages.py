@@ -225,6 +225,21 @@ def validation_tasks(cfg: StudyConfig, n: int):
     return generate_tasks("train", n, cfg.seed + VALIDATION_SEED_OFFSET)
 
 
+def gate_decision(layers: dict[str, float], min_sequential_share: float) -> dict:
+    """From the share of episodes failing in each layer: each layer's share of the failures,
+    whether RL starts (no failures, or at least `min_sequential_share` of them sequential),
+    and else the reason, naming the layer that fails most."""
+    failed = sum(layers.values())
+    shares = {k: (v / failed if failed else 0.0) for k, v in layers.items()}
+    passed = failed == 0 or shares.get("sequential", 0.0) >= min_sequential_share
+    worst = max(shares, key=shares.get) if failed else None
+    reason = None if passed else (
+        f"{shares[worst]:.0%} of the SFT policy's failed validation episodes fail in the {worst} layer "
+        f"(sequential {shares.get('sequential', 0.0):.0%} < {min_sequential_share:.0%}): fix that layer first, "
+        "RL is not its cure")
+    return {"failure_layer_shares": shares, "rl_starts": passed, "reason": reason}
+
+
 def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     """The SFT policy's sampled episodes on validation instances, by failure layer (DESIGN
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
@@ -241,16 +256,10 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, ChatFormat(tok, tool_style="short"), sandbox,
                           RolloutConfig(), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
     layers = summary["behaviour"]["failure_layers"]
-    failed = sum(layers.values())
-    shares = {k: (v / failed if failed else 0.0) for k, v in layers.items()}
-    worst = max(shares, key=shares.get) if failed else None
-    passed = failed == 0 or shares["sequential"] >= g.min_sequential_share
     result = {"pass1": summary["pass1"], f"pass{g.samples}": summary.get(f"pass{g.samples}"),
-              "failure_layers": layers, "failure_layer_shares": shares, "behaviour": summary["behaviour"],
-              "rl_starts": passed, "seconds": time.time() - t0,
-              "reason": None if passed else (f"{shares[worst]:.0%} of the SFT policy's failed validation episodes fail "
-                                             f"in the {worst} layer (sequential {shares['sequential']:.0%} < "
-                                             f"{g.min_sequential_share:.0%}): fix that layer first, RL is not its cure")}
+              "failure_layers": layers, **gate_decision(layers, g.min_sequential_share),
+              "behaviour": summary["behaviour"], "seconds": time.time() - t0}
+    shares, passed = result["failure_layer_shares"], result["rl_starts"]
     print(f"[gate] validation pass@1 {summary['pass1']:.3f}; failures by layer "
           + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()) + ("" if passed else f" -> no RL: {result['reason']}"),
           flush=True)
