@@ -246,6 +246,44 @@ def test_forged_records(sb, ws):
     check(sb, ws)
 
 
+MALFORMED_RECORDS = """import gc
+for _o in gc.get_objects():
+    if type(_o).__name__ == "_Reporter":  # the reporter's own _emit adds the right nonce
+        _o._emit(event="test", id=["x"], when=3, outcome={"passed": 1}, message=None)
+        _o._emit(event="test", id="t::a", when="call", outcome="won", message="")
+        _o._emit(event="end", exitstatus="0", tampered="nothing")
+        _o._emit(event=7)
+        break
+""" + BUGGY
+
+
+def test_records_of_unexpected_types_never_raise(sb, ws):
+    """Records carrying the nonce but fields of the wrong type or shape are refused as forged:
+    `verify` and `ToolSession.step(run_tests)` answer without raising."""
+    from jaxrl_agent.env.sandbox_worker import well_formed
+    from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, format_tool_call
+
+    put(ws, MALFORMED_RECORDS)
+    res = check(sb, ws)
+    assert res.info["reason"] == "forged_report", res.info
+    step = ToolSession(Tools(ws, sorted(TASK.dev_tests), sb, ToolConfig()), ToolConfig()).step(
+        format_tool_call("run_tests"))
+    assert not step.done and isinstance(step.observation, str)
+    r = sb.run(ws, [sys.executable, "-m", "pytest", "-q", *TASK.dev_tests], test_timeout_s=0.5)
+    assert r.forged_records >= 4 and all(well_formed(t) for t in r.tests)
+
+
+def test_record_schema():
+    from jaxrl_agent.env.sandbox_worker import well_formed
+
+    good = {"event": "test", "id": "t.py::a", "when": "call", "outcome": "passed", "message": "", "pid": 3}
+    assert well_formed(good) and well_formed({"event": "start", "pid": 1})
+    assert well_formed({"event": "end", "exitstatus": 0, "tampered": ["x"], "pid": 1})
+    for bad in ({**good, "outcome": "won"}, {**good, "pid": True}, {**good, "id": 5}, {**good, "extra": 1},
+                {"event": "end", "exitstatus": 0, "tampered": [1], "pid": 1}, {"event": 7}, ["event"], {}):
+        assert not well_formed(bad), bad
+
+
 def test_check_task_for_user_tasks(sb):
     assert check_task(TASK, sb) == []
     solved = dataclasses.replace(TASK, task_id="solved", files=dict(TASK.reference_files))

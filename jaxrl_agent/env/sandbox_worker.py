@@ -33,6 +33,29 @@ def _is_pytest(argv: list[str]) -> bool:
         and argv[1:3] == ["-m", "pytest"]
 
 
+
+# The one schema of a report record (pytest_plugin._Reporter._emit): event -> field -> type.
+# A record of any other shape is refused and counted as forged, so nothing downstream
+# (summarize_tests, the verifier) ever meets a field of an unexpected type.
+_RECORD_FIELDS = {
+    "start": {"pid": int},
+    "test": {"id": str, "when": str, "outcome": str, "message": str, "pid": int},
+    "end": {"exitstatus": int, "tampered": list, "pid": int},
+}
+_OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+def well_formed(rec) -> bool:
+    """Whether `rec` (nonce removed) has exactly the fields and types of its event."""
+    fields = _RECORD_FIELDS.get(rec.get("event")) if isinstance(rec, dict) and isinstance(rec.get("event"), str) else None
+    if fields is None or set(rec) != {"event", *fields}:
+        return False
+    if any(not isinstance(rec[k], t) or isinstance(rec[k], bool) for k, t in fields.items()):
+        return False
+    if rec["event"] == "test" and rec["outcome"] not in _OUTCOMES:
+        return False
+    return rec["event"] != "end" or all(isinstance(x, str) for x in rec["tampered"])
+
 class _Worker:
     """State of one worker process (lives in the worker, not in the caller)."""
 
@@ -125,7 +148,7 @@ class _Worker:
                     rec = json.loads(line)
                 except ValueError:
                     rec = None
-                if isinstance(rec, dict) and rec.pop("nonce", None) == nonce:
+                if isinstance(rec, dict) and rec.pop("nonce", None) == nonce and well_formed(rec):
                     tests.append(rec)
                 else:
                     forged += 1
