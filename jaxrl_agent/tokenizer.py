@@ -244,7 +244,7 @@ class ChatFormat:
     def render(self, messages: Sequence[dict], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
         """The conversation text (see `render_chat`)."""
         messages = list(messages)
-        if tools and self.tool_style == "short":
+        if tools and self.tool_style != "full":
             has_system = bool(messages) and messages[0]["role"] == "system"
             system = messages[0]["content"] if has_system else DEFAULT_SYSTEM
             messages = [{"role": "system", "content": f"{system}\n\n{short_tool_prompt(tools)}"}] + messages[int(has_system):]

@@ -22,14 +22,14 @@ def episode(sb, tmp_path, style, task=TASK, seed=0, tool_style="full"):
     return run_expert(task, ws, sb, style, random.Random(seed), tool_style=tool_style)
 
 
-EDIT = {"full": "str_replace", "short": "replace_lines"}
+EDIT = {"full": "str_replace", "short": "replace_lines", "numbered": "replace_lines"}
 
 
 def tools_used(tr):
     return [parse_tool_call(a).name for a, _ in tr.turns]
 
 
-@pytest.mark.parametrize("tool_style", ["full", "short"])
+@pytest.mark.parametrize("tool_style", ["full", "short", "numbered"])
 def test_transcript_is_a_valid_episode(sb, tmp_path, tool_style):
     tr = episode(sb, tmp_path, "perfect", tool_style=tool_style)
     assert tr.reward == 1.0 and tr.termination == "submitted"
@@ -41,6 +41,11 @@ def test_transcript_is_a_valid_episode(sb, tmp_path, tool_style):
     assert names[-1] == "submit" and names.count(EDIT[tool_style]) == 2
     assert names.index("run_tests") < names.index(EDIT[tool_style])
     assert tr.turns[-2][1] == "3 passed."  # re-ran the tests after the fix
+    edits = [parse_tool_call(a).arguments for a, _ in tr.turns if EDIT[tool_style] in a]
+    if tool_style == "numbered":
+        assert all(e["text"].startswith(f"{e['start']}|") for e in edits)
+    elif tool_style == "short":
+        assert all(e["text"].startswith(" ") for e in edits)  # whole lines, indentation included
     assert tr.to_dict()["turns"][0][0] == tr.turns[0][0]
 
 

@@ -195,6 +195,25 @@ def test_replace_lines(ws):
         "            low = mid + 1"] + before[10:]
 
 
+def test_replace_lines_accepts_read_files_numbers(ws):
+    """Text written as read_file shows it (`10|line`) edits like the bare line; numbers that do
+    not run start..end are an error that changes nothing."""
+    from jaxrl_agent.env.tools import number_text
+
+    tools = Tools(ws, [])
+    text = number_text("            low = mid + 1", 10)
+    assert text == "10|            low = mid + 1"
+    res = call(tools, "replace_lines", path="bsearch.py", start=10, end=10, text=text)
+    assert res.ok and res.text == "Edited bsearch.py:\n10|            low = mid + 1"
+    before = open(os.path.join(ws, "bsearch.py")).read()
+    for bad in ("11|            low = mid", "10|a\nb", "10|a\n12|b"):
+        res = call(tools, "replace_lines", path="bsearch.py", start=10, end=11, text=bad)
+        assert not res.ok and "numbered text" in res.text
+    assert open(os.path.join(ws, "bsearch.py")).read() == before
+    call(tools, "replace_lines", path="bsearch.py", start=10, end=11, text=number_text("a\nb", 10))
+    assert open(os.path.join(ws, "bsearch.py")).read().splitlines()[9:11] == ["a", "b"]
+
+
 @pytest.mark.parametrize("start,end", [(0, 1), (3, 1), (1, 99), (99, 99)])
 def test_replace_lines_bad_range_is_an_error(ws, start, end):
     before = open(os.path.join(ws, "bsearch.py")).read()

@@ -89,7 +89,7 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
 
     restores = 0
     for i, task in enumerate(generate_tasks("train", 12, 5)):
-        tool_style = ("short", "full")[i % 2]
+        tool_style = ("short", "full", "numbered")[i % 3]
         edit = '"replace_lines"' if tool_style == "short" else '"str_replace"'
         ws = create_workspaces(workspace_files(task), str(tmp_path / str(i)), 1)[0]
         tr = drill_transcript(task, ws, random.Random(i), extra_edits=2, tool_style=tool_style)

@@ -108,7 +108,7 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
         return done
     t0 = time.time()
     tasks = generate_tasks("heldout_instances", cfg.diagnose.tasks, cfg.eval.seed + SEED_OFFSET)
-    episodes = collect_demonstrations(tasks, sandbox, chat_format(), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
+    episodes = collect_demonstrations(tasks, sandbox, chat_format(cfg), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
                         tool_cfg=tools_config(cfg))
     result: dict = {"tasks": len(tasks), "expert_success": sum(e.reward >= 1 for e in episodes) / len(episodes),
                     "per_policy": {}}

@@ -24,7 +24,8 @@ import tempfile
 from jaxrl_agent.demonstrations import transcript_to_episode
 from jaxrl_agent.env.expert import Transcript, _edits, _line_edits, _wrong
 from jaxrl_agent.env.tasks import Task, workspace_files
-from jaxrl_agent.env.tools import TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
+from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call,
+                                   number_text)
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.trajectory import Episode
 
@@ -49,6 +50,8 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
     tr = Transcript(task.task_id, "drill")
 
     def act(name: str, **args) -> str:
+        if tool_style == "numbered" and name == "replace_lines":
+            args = dict(args, text=number_text(args["text"], args["start"]))
         text = format_tool_call(name, args)
         res = session.step(text)
         tr.turns.append((text, res.observation))
@@ -62,7 +65,7 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
         wrong = _wrong(line, line)
         if wrong is None or current.count(wrong.strip()) or wrong.strip() in line:
             continue
-        if tool_style == "short":
+        if tool_style != "full":
             act("replace_lines", path=path, start=k, end=k, text=wrong)  # a plausible change ...
             act("replace_lines", path=path, start=k, end=k, text=line)  # ... copied back exactly
         else:
@@ -71,13 +74,13 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
     for _ in range(4):  # the expert's fix, re-planned after each edit as the expert does
         with open(os.path.join(workspace, path), encoding="utf-8") as f:
             now = f.read()
-        if tool_style == "short":
+        if tool_style != "full":
             plan = [dict(start=a, end=b, text=t) for a, b, t in _line_edits(now, task.reference_files[path])]
         else:
             plan = [dict(old=o, new=n) for o, n in _edits(now, task.reference_files[path])]
         if not plan:
             break
-        act("replace_lines" if tool_style == "short" else "str_replace", path=path, **plan[0])
+        act("replace_lines" if tool_style != "full" else "str_replace", path=path, **plan[0])
     act("submit")
     return tr
 

@@ -228,13 +228,15 @@ def results_markdown(summary: dict) -> str:
         cells = [f"{summary[s][pol]['pass1']:.3f} [{summary[s][pol]['ci_low']:.3f}, {summary[s][pol]['ci_high']:.3f}]"
                  for s in SPLIT_LABELS]
         rows.append(f"| {label(pol, runs)} | " + " | ".join(cells) + " |")
-    spread = ["", "| over seeds (held-out instances pass@1) | mean | min | max |", "|---|---|---|---|"]
+    spread = []
     algo = summary["config"]["rl"]["algo"]
     for kind, names in (("RL", [n for n in present if is_main_run(n, runs, algo)]),
                         ("control", [n for n in present if n in runs and runs[n][2]])):
         vals = [summary["heldout_instances"][n]["pass1"] for n in names]
         if vals:
             spread.append(f"| {kind} ({len(vals)} seeds) | {sum(vals) / len(vals):.3f} | {min(vals):.3f} | {max(vals):.3f} |")
+    if spread:
+        spread = ["", "| over seeds (held-out instances pass@1) | mean | min | max |", "|---|---|---|---|"] + spread
     passk = ["", "| held-out instances | " + " | ".join(f"pass@{k}" for k in PASS_KS) + " |",
              "|---" * (len(PASS_KS) + 1) + "|"]
     for pol in present:
@@ -247,10 +249,10 @@ def results_markdown(summary: dict) -> str:
     for pol in present:
         e = summary["heldout_instances"][pol]
         b, f = e["behaviour"], e["failure_layers"]
+        layers = " / ".join(f"{f.get(k, 0.0):.2f}" for k in ("interface", "basic", "sequential"))
         beh.append(f"| {label(pol, runs)} | {b.get('fixed_all_bugs', 0):.2f} | {b.get('ran_tests_before_submit', 0):.2f} | "
                    f"{b.get('recovered', 0):.2f} | {b.get('mean_turns', 0):.1f} | "
-                   f"{b.get('interface_errors_per_episode', 0):.2f} | "
-                   " / ".join(f"{f.get(k, 0.0):.2f}" for k in ("interface", "basic", "sequential")) + " |")
+                   f"{b.get('interface_errors_per_episode', 0):.2f} | {layers} |")
     gate = []
     if summary.get("gate"):
         g = summary["gate"]

@@ -49,8 +49,8 @@ def tools_config(cfg: StudyConfig) -> ToolConfig:
     return ToolConfig(test_timeout_s=cfg.test_timeout_s)
 
 
-def chat_format() -> ChatFormat:
-    return ChatFormat(load_tokenizer(), tool_style="short")
+def chat_format(cfg: StudyConfig, tok=None) -> ChatFormat:
+    return ChatFormat(tok or load_tokenizer(), tool_style=cfg.tool_style)
 
 
 # ---- stage bookkeeping ----
@@ -86,7 +86,8 @@ def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
 def _demo_stamp(cfg: StudyConfig) -> dict:
     """Everything the demonstrations depend on; the SFT stages carry it in their own stamps,
     so new demonstrations always retrain them (the test limit is quoted in test output)."""
-    return {"demos": asdict(cfg.demos), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s}
+    return {"demos": asdict(cfg.demos), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s,
+            "tool_style": cfg.tool_style}
 
 
 def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
@@ -109,7 +110,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     episodes = []
     for style, ts in by_style.items():
         if ts:
-            episodes += collect_demonstrations(ts, sandbox, chat_format(), (style,), seed=cfg.seed,
+            episodes += collect_demonstrations(ts, sandbox, chat_format(cfg), (style,), seed=cfg.seed,
                                                threads=cfg.sandbox_workers, tool_cfg=tools_config(cfg))
     with open(path, "w") as f:
         for e in episodes:
@@ -169,11 +170,11 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     p = cfg.pretrain
     if p.steps <= 0:
         return None
-    stamp = {"pretrain": asdict(p), "model": asdict(cfg.model), "seed": cfg.seed}
+    stamp = {"pretrain": asdict(p), "model": asdict(cfg.model), "seed": cfg.seed, "tool_style": cfg.tool_style}
     done = cached(cfg, "pretrain", stamp)
     if done is not None:
         return done
-    drills = make_drills(generate_tasks("train", p.num_tasks, cfg.seed + 100), chat_format(), seed=cfg.seed,
+    drills = make_drills(generate_tasks("train", p.num_tasks, cfg.seed + 100), chat_format(cfg), seed=cfg.seed,
                          extra_edits=p.extra_edits)
     return finish(cfg, "pretrain", stamp, _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size,
                                                learning_rate=p.learning_rate, init=None))
@@ -253,7 +254,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     model, tok = load_policy(start["policy"])
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=RolloutConfig().max_total_tokens, seed=cfg.seed))
-    summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, ChatFormat(tok, tool_style="short"), sandbox,
+    summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, chat_format(cfg, tok), sandbox,
                           RolloutConfig(), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
     layers = summary["behaviour"]["failure_layers"]
     result = {"pass1": summary["pass1"], f"pass{g.samples}": summary.get(f"pass{g.samples}"),
@@ -310,7 +311,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
         rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
                              interface_error_penalty=r.interface_error_penalty),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=validation_tasks(cfg, r.curve_tasks),
-        show_progress=False,
+        show_progress=False, tool_style=cfg.tool_style,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
                                          + (f"  validation {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
                                          flush=True))
@@ -355,7 +356,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
         return done
     t0 = time.time()
     model, tok = load_policy(policy)
-    chat = ChatFormat(tok, tool_style="short")
+    chat = chat_format(cfg, tok)
     rollout = RolloutConfig()
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces,
-                                   format_tool_call)
+                                   format_tool_call, number_text)
 from jaxrl_agent.env.verifier import verify
 
 STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit", "stop_after_failure", "rerun_tests")
@@ -129,13 +129,15 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
                rng: random.Random | None = None, cfg: ToolConfig = ToolConfig(),
                tool_style: str = "full", judge: bool = True) -> Transcript:
     """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests), editing
-    with the tools of `tool_style` ("full": str_replace, "short": replace_lines); with
+    with the tools of `tool_style` ("full": str_replace, "short": replace_lines, "numbered":
+    replace_lines with read_file's `N|` prefixes in its text); with
     `judge`, the verifier scores the final workspace (`reward`, `verify_info`)."""
     if style not in STYLES:
         raise ValueError(f"unknown expert style {style!r}; expected one of {STYLES}")
     rng = rng or random.Random(0)
     session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg, TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, style)
+    short = tool_style != "full"  # replace_lines edits
 
     def act(name: str, **args) -> str:
         if session.termination is not None:
@@ -152,12 +154,14 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
     def plan(path: str) -> list[dict]:
         """The remaining correct edits of `path` as tool-call arguments, first one first."""
         cur, ref = current(path), task.reference_files[path]
-        if tool_style == "short":
+        if short:
             return [dict(path=path, start=a, end=b, text=t) for a, b, t in _line_edits(cur, ref)]
         return [dict(path=path, old=o, new=n) for o, n in _edits(cur, ref)]
 
     def edit(args: dict) -> bool:
-        act("replace_lines" if tool_style == "short" else "str_replace", **args)
+        if tool_style == "numbered":
+            args = dict(args, text=number_text(args["text"], args["start"]))
+        act("replace_lines" if short else "str_replace", **args)
         return bool(tr.turns) and tr.turns[-1][1].startswith("Edited")
 
     def fix(limit: int | None = None) -> None:
@@ -178,8 +182,8 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
         if not todo:
             return False
         args = dict(todo[0])
-        key = "text" if tool_style == "short" else "new"
-        old = current(args["path"]).splitlines()[args["start"] - 1] if tool_style == "short" else args["old"]
+        key = "text" if short else "new"
+        old = current(args["path"]).splitlines()[args["start"] - 1] if short else args["old"]
         wrong = _wrong(args[key], old)
         if wrong is None:
             return False
@@ -261,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--tool-style", default="full", choices=("full", "short"))
+    p.add_argument("--tool-style", default="full", choices=("full", "short", "numbered"))
     p.add_argument("--out", default=None, help="optional JSON output path")
     args = p.parse_args(argv)
     tasks = generate_tasks(args.split, args.n, args.seed)

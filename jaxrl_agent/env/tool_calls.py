@@ -69,8 +69,12 @@ _BY_NAME = {s["function"]["name"]: s for s in ALL_TOOL_SCHEMAS}
 TOOL_SETS: dict[str, tuple[str, ...]] = {
     "full": ("list_files", "read_file", "str_replace", "run_tests", "submit"),
     "short": ("list_files", "read_file", "replace_lines", "run_tests", "submit"),
+    "numbered": ("list_files", "read_file", "replace_lines", "run_tests", "submit"),
 }
-"""The tools offered in each chat tool style (`tokenizer.ChatFormat.tool_style`)."""
+"""The tools offered in each chat tool style (`tokenizer.ChatFormat.tool_style`). "numbered" is
+"short" whose demonstrations write `replace_lines` text with read_file's `N|` prefixes
+(`10|    x = 1`): the line is then copied after the same tokens that precede it in the
+observation, a plain induction copy instead of a look-up by line number."""
 EDIT_TOOLS = ("str_replace", "replace_lines")
 """Tools that change the workspace (behaviour statistics and shaping count these as edits)."""
 

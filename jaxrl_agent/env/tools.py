@@ -18,6 +18,7 @@ which ends the episode with termination "parse_error_limit".
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -179,7 +180,7 @@ class Tools:
             raise ToolError(f"Error: bad line range {start}..{end}; {path} has {len(lines)} lines "
                             "(start..end inclusive; end = start - 1 inserts before start).")
         new = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
-        new = [] if text == "" else new
+        new = [] if text == "" else _strip_numbers(new, start)
         lines[start - 1:end] = new
         write_atomic(full, "\n".join(lines) + ("\n" if lines and (old.endswith("\n") or not old) else ""))
         if not new:
@@ -218,6 +219,28 @@ class Tools:
 
     def _submit(self) -> ToolResult:
         return ToolResult("Submitted.", done=True, termination="submitted")
+
+
+_NUMBER = re.compile(r"(\d+)\|")
+
+
+def _strip_numbers(new: list[str], start: int) -> list[str]:
+    """`replace_lines` text may carry read_file's `N|` prefixes (`10|    x = 1`): then every
+    line has one, numbered start, start + 1, ..., and they are dropped; a line of code never
+    starts with `N|`, so plain text is left as it is."""
+    found = [_NUMBER.match(line) for line in new]
+    if not any(found):
+        return new
+    want = list(range(start, start + len(new)))
+    if not all(found) or [int(m.group(1)) for m in found] != want:
+        raise ToolError(f"Error: numbered text must number its lines {want[0]}..{want[-1]} as read_file "
+                        "does (`N|line`), or carry no numbers at all.")
+    return [line[m.end():] for line, m in zip(new, found)]
+
+
+def number_text(text: str, start: int) -> str:
+    """`replace_lines` text with read_file's `N|` prefixes, numbered from `start`."""
+    return "\n".join(f"{start + k}|{line}" for k, line in enumerate(text.split("\n")))
 
 
 def numbered(lines: list[str], start: int, end: int) -> str:
