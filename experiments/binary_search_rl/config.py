@@ -192,7 +192,7 @@ GPU_PRESET = replace(
     model=TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=768),
     sandbox_workers=8,
 )
-"""One accelerator and a 16-core host: a 2x wider, 6-layer model (5x the parameters), 6x the
-drill samples, 7x the demonstrations, 20x the SFT samples, 100 RL iterations of 256 episodes."""
+"""One accelerator and a 16-core host: a 2x wider, 6-layer model (5x the parameters), 5x the
+drill instances and 12x the drill episodes, 7x the demonstrations, 20x the SFT samples, 100 RL iterations of 256 episodes."""
 
 PRESETS = {"cpu": CPU_PRESET, "gpu": GPU_PRESET}
