@@ -245,13 +245,10 @@ def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
                     rewards=cfg.rewards)
 
 
-
 # ---- demo ----
 @dataclass(frozen=True)
 class DemoConfig:
-    """`demo`: a tiny policy's held-out success before and after a short GRPO run (the study's
-    RL recipe: group advantages over the whole batch, 4 PPO-clipped mini-batch updates, a k3
-    KL penalty to the start policy)."""
+    """`demo`: held-out success before and after a short GRPO run with the study's RL recipe."""
 
     policy: str = DEMO_POLICY_DIR
     """SFT policy to start from (the repo ships one; if it is missing a quick SFT makes one)."""
@@ -348,10 +345,9 @@ def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
     b, a = res["before"], res["after"]
     k = d.eval_samples
     apart = a["pass1_ci_low"] > b["pass1_ci_high"] or b["pass1_ci_low"] > a["pass1_ci_high"]
+    ci = lambda e: f"{e['pass1']:.3f} [{e['pass1_ci_low']:.3f}, {e['pass1_ci_high']:.3f}]"  # noqa: E731
     console.print(f"\nheld-out instances ({d.eval_tasks} tasks x {k} episodes), pass@1 with Wilson 95% intervals:\n"
-                  f"  before RL {b['pass1']:.3f} [{b['pass1_ci_low']:.3f}, {b['pass1_ci_high']:.3f}]\n"
-                  f"  after RL  {a['pass1']:.3f} [{a['pass1_ci_low']:.3f}, {a['pass1_ci_high']:.3f}]  "
-                  f"({'intervals apart' if apart else 'intervals overlap: no claim'})\n"
+                  f"  before RL {ci(b)}\n  after RL  {ci(a)}  ({'apart' if apart else 'overlap: no claim'})\n"
                   f"  pass@{k} {b.get(f'pass{k}', 0):.3f} -> {a.get(f'pass{k}', 0):.3f}; "
                   f"failure layers before {b['behaviour']['failure_layers']}, after {a['behaviour']['failure_layers']}")
     # ---- one example trajectory of the trained policy ----

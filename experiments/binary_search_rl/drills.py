@@ -22,7 +22,7 @@ import random
 import tempfile
 
 from jaxrl_agent.demonstrations import transcript_to_episode
-from jaxrl_agent.env.expert import Transcript, _edits, _line_edits, _wrong
+from jaxrl_agent.env.expert import Transcript, _wrong, plan_edits
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call,
                                    number_text)
@@ -74,13 +74,10 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
     for _ in range(4):  # the expert's fix, re-planned after each edit as the expert does
         with open(os.path.join(workspace, path), encoding="utf-8") as f:
             now = f.read()
-        if tool_style != "full":
-            plan = [dict(start=a, end=b, text=t) for a, b, t in _line_edits(now, task.reference_files[path])]
-        else:
-            plan = [dict(old=o, new=n) for o, n in _edits(now, task.reference_files[path])]
+        tool, plan = plan_edits(now, task.reference_files[path], path, tool_style)
         if not plan:
             break
-        act("replace_lines" if tool_style != "full" else "str_replace", path=path, **plan[0])
+        act(tool, **plan[0])
     act("submit")
     return tr
 

@@ -74,6 +74,14 @@ def _line_edits(current: str, reference: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def plan_edits(current: str, reference: str, path: str, tool_style: str) -> tuple[str, list[dict]]:
+    """(tool name, arguments of each remaining correct edit, first one first) turning `path`'s
+    `current` text into `reference` with the edit tool of `tool_style`."""
+    if tool_style == "full":
+        return "str_replace", [dict(path=path, old=o, new=n) for o, n in _edits(current, reference)]
+    return "replace_lines", [dict(path=path, start=a, end=b, text=t) for a, b, t in _line_edits(current, reference)]
+
+
 def _edits(current: str, reference: str) -> list[tuple[str, str]]:
     """(old, new) str_replace pairs turning `current` into `reference`, one per differing
     block, each `old` grown with context lines until it is unique in `current`."""
@@ -152,11 +160,7 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
             return f.read()
 
     def plan(path: str) -> list[dict]:
-        """The remaining correct edits of `path` as tool-call arguments, first one first."""
-        cur, ref = current(path), task.reference_files[path]
-        if short:
-            return [dict(path=path, start=a, end=b, text=t) for a, b, t in _line_edits(cur, ref)]
-        return [dict(path=path, old=o, new=n) for o, n in _edits(cur, ref)]
+        return plan_edits(current(path), task.reference_files[path], path, tool_style)[1]
 
     def edit(args: dict) -> bool:
         if tool_style == "numbered":
