@@ -117,8 +117,9 @@ def test_edited_and_deleted_test_files(sb, ws):
 
 
 def test_monkeypatching_pytest_runtest(sb, ws):
+    # The child's pytest is not the judge's: the patch changes nothing the verdict uses.
     put(ws, "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\n" + BUGGY)
-    check(sb, ws, "tampered")
+    assert check(sb, ws, "failed").info["tampered"] == []
 
 
 def test_monkeypatching_pytest_reports(sb, ws):
@@ -130,7 +131,7 @@ def test_monkeypatching_pytest_reports(sb, ws):
 
 def test_monkeypatching_unittest(sb, ws):
     put(ws, "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n" + BUGGY)
-    check(sb, ws, "tampered")
+    check(sb, ws, "failed")
 
 
 class _AlwaysEq:
@@ -150,7 +151,7 @@ def test_patching_the_test_modules_helper(sb, ws):
             "        if name.endswith('_hidden'):\n"
             "            mod._same = lambda a, b: True\n"
             "    return 0\n")
-    check(sb, ws, "tampered")
+    check(sb, ws, "failed")  # the test module lives in the judge: not in this sys.modules
 
 
 def test_patching_builtins(sb, tmp_path):
@@ -161,9 +162,8 @@ def test_patching_builtins(sb, tmp_path):
     cheat = (f"import builtins, math\nbuiltins.all = lambda it: True\n\n"
              f"def {fn}(xs, size):\n    return [[0]] * math.ceil(len(xs) / size)\n")
     ws = create_workspaces({src: cheat}, str(tmp_path), 1)[0]
-    res = verify(task, ws, sb)
-    assert res.reward == 0.0 and res.info["reason"] == "tampered", res.info
-    assert "builtins.all" in res.info["tampered"]
+    res = verify(task, ws, sb)  # the child's builtins are not the judge's
+    assert res.reward == 0.0 and res.info["reason"] == "failed", res.info
 
 
 def test_infinite_loop(sb, ws):
@@ -198,10 +198,13 @@ def test_fork_bomb_instead_of_a_fix(sb, ws):
 
 def test_fork_bomb_that_replicates_the_test_session(sb, ws):
     skip_unless_uid_drop(sb)
-    # Every copy finishes the import and runs the tests: several sessions report.
-    put(ws, "import os\nfor _ in range(10):\n    try:\n        os.fork()\n"
-            "    except OSError:\n        pass\n" + FIXED)
-    check(sb, ws, "forked_session")
+    # Every copy finishes the import inside the code server; only the original answers
+    # (copies exit instead of replying), so the verdict is the code's, forks or not.
+    bomb = "import os\nfor _ in range(10):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    put(ws, bomb + FIXED)
+    assert verify(TASK, ws, sb).reward == 1.0
+    put(ws, bomb + BUGGY)
+    check(sb, ws, "failed")
     assert _no_leftovers(sb)
 
 
@@ -260,12 +263,11 @@ for _o in gc.get_objects():
 def test_records_of_unexpected_types_never_raise(sb, ws):
     """Records carrying the nonce but fields of the wrong type or shape are refused as forged:
     `verify` and `ToolSession.step(run_tests)` answer without raising."""
-    from jaxrl_agent.env.sandbox_worker import well_formed
+    from jaxrl_agent.env.sandbox_io import well_formed
     from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, format_tool_call
 
     put(ws, MALFORMED_RECORDS)
-    res = check(sb, ws)
-    assert res.info["reason"] == "forged_report", res.info
+    check(sb, ws, "failed")  # verify's child has no reporter to find: the code just fails
     step = ToolSession(Tools(ws, sorted(TASK.dev_tests), sb, ToolConfig()), ToolConfig()).step(
         format_tool_call("run_tests"))
     assert not step.done and isinstance(step.observation, str)
@@ -274,7 +276,7 @@ def test_records_of_unexpected_types_never_raise(sb, ws):
 
 
 def test_record_schema():
-    from jaxrl_agent.env.sandbox_worker import well_formed
+    from jaxrl_agent.env.sandbox_io import well_formed
 
     good = {"event": "test", "id": "t.py::a", "when": "call", "outcome": "passed", "message": "", "pid": 3}
     assert well_formed(good) and well_formed({"event": "start", "pid": 1})

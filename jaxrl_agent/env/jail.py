@@ -8,6 +8,10 @@ Everything here runs inside a sandbox worker process, never in the caller:
   `/tmp`. Nothing else of the host (home directories, the repository, other workspaces,
   `/proc`) exists in it. This is what bubblewrap does, done in-process because the worker
   must keep forking from an interpreter that has already imported pytest.
+- `mount_call_dirs` / `release_call_dirs`: per call, a fresh tmpfs (size and inode caps) at
+  the jail's `/workspace` and `/tmp`, lazily unmounted afterwards: cleanup never walks what
+  a call wrote, so no tree (deep, huge, unwritable) can make it fail or hang;
+  `unshare_call`: a fresh IPC and PID namespace for the call's processes.
 - `enter_child`: in a freshly forked child, apply rlimits, chroot into the jail, drop to
   the worker's own unprivileged uid/gid.
 - `kill_uid`: kill every process of a uid (the per-worker uid makes this exact), looping
@@ -27,10 +31,11 @@ import time
 
 # ---- syscalls ----
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x40000000, 0x08000000, 0x20000000
+MNT_DETACH = 2
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 32, 4096, 16384, 1 << 18)
-PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 36, 1
+PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 36, 1, 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -102,15 +107,17 @@ def build_jail(disk_mb: int, uid: int) -> str:
     # Mounts made from here on stay private to this worker.
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     root = tempfile.mkdtemp(prefix="jxa-jail-")
-    # One tmpfs holds the jail; its size caps what untrusted code can write (disk fill).
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(disk_mb)}m,mode=755")
+    # The jail's root holds only mount points; what a call may write lives on the per-call
+    # tmpfs mounts of `mount_call_dirs` (their size caps disk fill).
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     for d in _SYSTEM_DIRS:
         if os.path.islink(d):  # merged-/usr layouts: /bin -> usr/bin
             os.symlink(os.readlink(d), root + d)
         elif os.path.isdir(d):
             _bind_ro(d, root)
     for d in _python_dirs():
-        _bind_ro(d, root)
+        if not _under_tmp(d):  # those are bound on each call's /tmp (mount_call_dirs)
+            _bind_ro(d, root)
     for f in _ETC_FILES:
         if os.path.isfile("/etc/" + f):
             _bind_ro("/etc/" + f, root)
@@ -121,10 +128,51 @@ def build_jail(disk_mb: int, uid: int) -> str:
     # Writable places: the workspace copy (owned by the worker uid) and /tmp.
     os.makedirs(root + "/workspace", exist_ok=True)
     os.makedirs(root + "/tmp", exist_ok=True)
-    os.chmod(root + "/tmp", 0o1777)
-    os.chown(root + "/workspace", uid, uid)
     _loopback_up()
     return root
+
+
+def _under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def mount_call_dirs(root: str, disk_mb: int, uid: int, max_inodes: int) -> None:
+    """Fresh tmpfs mounts at the jail's /workspace (owned by `uid`) and /tmp for one call.
+
+    Each is capped at `disk_mb` MiB and `max_inodes` inodes (so millions of empty files
+    cannot be made), and a Python installation that lives under /tmp (a venv made there)
+    is bound read-only at its own path on the new /tmp, where the child expects it.
+    """
+    opts = f"size={int(disk_mb)}m,nr_inodes={int(max_inodes)}"
+    _mount("tmpfs", root + "/workspace", "tmpfs", MS_NOSUID | MS_NODEV, opts + ",mode=755")
+    os.chown(root + "/workspace", uid, uid)
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts + ",mode=1777")
+    for d in _python_dirs():
+        if _under_tmp(d) and d != "/tmp":
+            _bind_ro(d, root)
+
+
+def release_call_dirs(root: str) -> bool:
+    """Detach the call's mounts (and what is bound under them); True when both went.
+
+    A lazy unmount is O(1) whatever the tree holds; the kernel frees the tmpfs once the
+    call's last process is gone.
+    """
+    ok = True
+    for d in ("/tmp", "/workspace"):
+        while os.path.ismount(root + d):
+            if _libc.umount2((root + d).encode(), MNT_DETACH) != 0:
+                ok = False
+                break
+    return ok
+
+
+def unshare_call() -> None:
+    """A new IPC namespace now and a new PID namespace for the next child: SysV queues,
+    semaphores and shared memory a call makes die with it, and its processes see (and
+    can signal) only each other; the first child forked is their init, and when it exits
+    the kernel kills every process left in the namespace."""
+    _check(_libc.unshare(CLONE_NEWIPC | CLONE_NEWPID), "unshare(ipc+pid)")
 
 
 def _loopback_up() -> None:
@@ -148,25 +196,51 @@ def _loopback_up() -> None:
 # ---- per-call helpers ----
 
 
-def clear_dir(path: str) -> None:
-    """Remove everything inside `path` (not `path` itself), whatever the permissions."""
-    for name in os.listdir(path):
-        p = os.path.join(path, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, onerror=lambda fn, q, exc: _force_remove(q))
-        else:
-            _force_remove(p)
+def clear_dir(path: str, budget_s: float = 10.0) -> bool:
+    """Remove everything inside `path` (not `path` itself), whatever the permissions, the
+    depth or the number of entries; False if it could not within `budget_s`.
 
-
-def _force_remove(path: str) -> None:
+    Iterative and flat: each directory's subdirectories are first renamed up to `path`
+    itself, so no path is ever longer than two names below it (a 1500-deep tree cannot hit
+    the recursion limit or PATH_MAX) and every entry is visited once.
+    """
+    deadline = time.monotonic() + budget_s
+    moved, tag = 0, os.urandom(6).hex()  # names the tree cannot have made in advance
     try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
+        while True:
+            with os.scandir(path) as it:
+                entries = list(it)
+            if not entries:
+                return True
+            for e in entries:
+                if time.monotonic() > deadline:
+                    return False
+                if not e.is_dir(follow_symlinks=False):
+                    _unlink(e.path)
+                    continue
+                os.chmod(e.path, 0o700)
+                with os.scandir(e.path) as it:
+                    inner = list(it)
+                for sub in inner:
+                    if sub.is_dir(follow_symlinks=False):
+                        moved += 1
+                        os.rename(sub.path, os.path.join(path, f".jxa-clear-{tag}-{moved}"))
+                    else:
+                        _unlink(sub.path)
+                try:
+                    os.rmdir(e.path)
+                except OSError:  # refilled meanwhile: the next round takes it
+                    pass
     except OSError:
-        pass
+        return False
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except PermissionError:
+        os.chmod(os.path.dirname(path), 0o700)
+        os.unlink(path)
 
 
 def copy_workspace(src: str, dst: str, uid: int | None, max_files: int = 2000) -> None:

@@ -251,6 +251,8 @@ def warm_up(tmpdir: str) -> None:
     except BaseException:  # a failed warm-up only costs speed
         pass
     finally:
+        sys.stdout.flush()  # into /dev/null, not into the first call's output
+        sys.stderr.flush()
         os.dup2(saved_fds[0], 1)
         os.dup2(saved_fds[1], 2)
         for fd in (*saved_fds, devnull):

@@ -1,65 +1,82 @@
 """Process-isolated execution of untrusted code: the multiprocessing sandbox pool (HOST).
 
-Threat model: the code the agent writes is hostile. `Sandbox.run(workspace, argv)` runs
-`argv` on a private copy of `workspace` in a fresh child process forked from a pool worker:
+Threat model: the code the agent writes is hostile, and so is every byte it produces.
+`Sandbox.run(workspace, argv)` runs `argv` on a private copy of `workspace`; `Sandbox.judge`
+runs hidden tests in a judge process against that code (`judge.py`):
 
-    caller thread --pipe--> worker process (spawned once, pytest pre-imported, root)
-                               |  per call: copy workspace -> fork child -> wait/drain
-                               v
-                            child: own session/process group, rlimits, chroot jail,
-                                   unprivileged per-worker uid; `python -m pytest ...`
-                                   runs in-process (no interpreter start), anything else
-                                   is exec'd
+    caller thread --socket--> worker (started once from a minimal environment: no caller
+                                 |    env vars; pytest pre-imported; root; never reads a
+                                 |    request itself)
+                                 |  per call: fork a manager (new IPC + PID namespace)
+                                 v
+                              manager: forks the child *before* reading the request, mounts
+                                 |     the call's tmpfs, copies the workspace, runs / judges,
+                                 |     kills everything, unmounts, answers
+                                 v
+                              child: own session, rlimits, chroot jail, per-worker uid;
+                                     `python -m pytest ...` in-process (no interpreter
+                                     start), the code server for a judge, else exec'd
 
 Isolation levels (`Sandbox.isolation` says which one a pool got; chosen per worker):
 
 "namespaces" (root with CAP_SYS_ADMIN, e.g. these machines and CI)
   - own network namespace: no network at all (only a private loopback);
   - own mount namespace + chroot into a jail: read-only bind mounts of the system library
-    directories, the Python installation and a few /etc files; a writable `/workspace`
-    (the private copy) and `/tmp` on a size-limited tmpfs (disk-fill bound). The host's
-    other files (home dirs, the repository, other episodes' workspaces, /proc) are absent;
+    directories, the Python installation (also one under /tmp) and a few /etc files; the
+    host's other files (home dirs, the repository, other episodes' workspaces, /proc) are
+    absent. `/workspace` (the private copy) and `/tmp` are fresh tmpfs mounts per call,
+    capped in size and inodes, lazily unmounted afterwards: nothing a call writes reaches
+    the next one, and cleanup never walks the tree (deep, huge or unwritable);
+  - a fresh IPC and PID namespace per call: SysV queues / shared memory die with the
+    call, its processes see and signal only each other, and when the child (their init)
+    exits the kernel kills the rest;
   - unprivileged uid/gid per worker, unique on the machine: RLIMIT_NPROC bounds fork bombs
-    (root is exempt from it, hence the uid), the caller's workspace cannot be changed;
+    (root is exempt from it, hence the uid), the caller's workspace cannot be changed, the
+    manager and judge (root, not dumpable) cannot be traced, read or signalled;
   - rlimits: CPU seconds, address space, file size, open files, core dumps off;
   - wall timeout kills the process group; afterwards every live process of the worker's
-    uid (found in /proc) is SIGKILLed, repeatedly until none is left, so nothing started
-    by a call outlives it, even after setsid() or double forks;
+    uid (found in /proc) is SIGKILLed, repeatedly until none is left;
   - stdin is /dev/null; stdout/stderr are drained concurrently and truncated to
-    `max_output_bytes`; all other descriptors of the worker are closed in the child.
+    `max_output_bytes`; all other descriptors are closed in the child.
 "uid" (root, but namespaces refused, e.g. a container without CAP_SYS_ADMIN): as above
-  without the network namespace, the jail and the tmpfs size cap: the child can read
-  world-readable host files and reach the network, and disk use is bounded only per file
-  (RLIMIT_FSIZE). Chosen only if the unprivileged uid can read the Python installation.
+  without the network, IPC, PID and mount namespaces, the jail and the tmpfs caps: the
+  child can read world-readable host files, reach the network and SysV IPC, and disk use
+  is bounded only per file (RLIMIT_FSIZE). Chosen only if the unprivileged uid can read
+  the Python installation.
 "basic" (otherwise, e.g. not root): rlimits, private copy, and after each call every
-  descendant of the worker is killed (it is a child subreaper). No uid drop,
-  so no fork-bomb bound (RLIMIT_NPROC then counts all of the user's processes) and no
-  filesystem or network confinement. Use it for development only.
+  descendant of the manager is killed (it is a child subreaper). No uid drop, so no
+  fork-bomb bound and no filesystem or network confinement; the judge is a process of the
+  same user (not dumpable, so not traceable, but signallable). Development only.
+
+At every level: the worker's memory never holds a request or a result (each call has its
+own manager), so no call can read another's data, the hidden tests or the trainer's
+environment from the memory it was forked from; the previous call's files are gone
+before a call starts, or the worker is replaced (`RunResult.replace_worker`).
 
 Not covered at any level: CPU/memory side channels, kernel exploits, denial of service
-through the kernel (e.g. many tiny files up to the tmpfs cap), reading the Python
-installation or system libraries (needed to run), and introspection of the in-process
-pytest runner by the code it imports (see `pytest_plugin`). Bubblewrap is not used: its
-primitives (mount/net namespaces, read-only binds, uid drop) are applied here directly,
-because a bwrap exec per call would need a fresh interpreter and lose the fork fast path.
+through the kernel, reading the Python installation or system libraries (needed to run).
+Bubblewrap is not used: its primitives are applied here directly, because a bwrap exec per
+call would need a fresh interpreter and lose the fork fast path.
 
 A worker that dies (or stops answering) is killed and replaced; that call returns a
 `RunResult` with `error` set. `run` never raises for anything the child does.
-Linux only (pidfd_open needs kernel >= 5.3); the tmpfs cap of each worker counts as RAM.
+Linux only (pidfd_open needs kernel >= 5.3); the tmpfs caps of each worker count as RAM.
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
-import multiprocessing as mp
+import json
 import os
 import queue
 import shutil
+import socket
+import subprocess
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, fields
-
-from jaxrl_agent.env import sandbox_worker
+from multiprocessing.connection import Connection
 
 # ---- config and result ----
 
@@ -79,7 +96,9 @@ class SandboxConfig:
     file_mb: int = 16
     """Largest file the child may write (RLIMIT_FSIZE), in MiB."""
     disk_mb: int = 64
-    """Size of the jail's tmpfs (workspace + /tmp), in MiB ("namespaces" level only)."""
+    """Size of each of the call's tmpfs mounts (workspace, /tmp), in MiB ("namespaces" only)."""
+    max_inodes: int = 20000
+    """Files and directories each of the call's tmpfs mounts can hold ("namespaces" only)."""
     max_procs: int = 64
     """Processes/threads per worker uid (RLIMIT_NPROC; needs the uid drop)."""
     max_open_files: int = 256
@@ -115,6 +134,10 @@ class RunResult:
     """Worker time spent outside the child (copy, fork, cleanup)."""
     forged_records: int = 0
     """Report lines without the call's nonce (evidence of a forging attempt)."""
+    judge_calls: int = 0
+    """`Sandbox.judge` only: calls the hidden tests made into the code under test."""
+    replace_worker: bool = False
+    """The worker could not clean up after this call and was replaced (the result stands)."""
 
 
 
@@ -124,16 +147,29 @@ _START_TIMEOUT_S = 120.0  # spawning a worker imports pytest and builds the jail
 _GRACE_S = 30.0  # worker time beyond the call's timeout (copy, kill sweep, cleanup)
 
 
+def _worker_env() -> dict[str, str]:
+    """The whole environment a worker starts with: nothing of the caller's (tokens, keys)
+    is in its memory, so nothing of it is in the memory its children are forked from."""
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+            "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
 class _Handle:
     """Caller-side view of one worker process."""
 
-    def __init__(self, ctx, cfg: SandboxConfig, index: int):
+    def __init__(self, cfg: SandboxConfig, index: int):
         self.index = index
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=sandbox_worker.worker_main, args=(child_conn, cfg, index),
-                                daemon=True, name=f"jxa-sandbox-{index}")
-        self.proc.start()
-        child_conn.close()
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jaxrl_agent.env.sandbox_worker", str(theirs.fileno()),
+                 json.dumps(dataclasses.asdict(cfg)), str(index)],
+                pass_fds=[theirs.fileno()], env=_worker_env(), stdin=subprocess.DEVNULL,
+                cwd="/")
+        finally:
+            theirs.close()
+        self.conn = Connection(ours.detach())
         self.info: dict = {}
 
     def wait_ready(self) -> None:
@@ -143,7 +179,8 @@ class _Handle:
         try:
             self.info = self.conn.recv()
         except (EOFError, OSError) as e:
-            raise RuntimeError(f"sandbox worker {self.index} died while starting") from e
+            raise RuntimeError(f"sandbox worker {self.index} died while starting "
+                               f"(exit status {self.proc.poll()})") from e
         if not self.info.get("ready"):
             self.kill()
             raise RuntimeError(f"sandbox worker {self.index} failed: {self.info.get('error')}")
@@ -153,9 +190,12 @@ class _Handle:
             self.conn.close()
         except OSError:
             pass
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         for d in self.info.get("dirs", ()):  # host-side leftovers (jail mountpoint, scratch)
             shutil.rmtree(d, ignore_errors=True)
 
@@ -190,12 +230,11 @@ class Sandbox:
             slot, self._slot_lock = _claim_slot()
             cfg = dataclasses.replace(cfg, base_uid=cfg.base_uid + slot * _SLOT)
         self.config = cfg
-        self._ctx = mp.get_context("spawn")  # never fork the caller (it may hold JAX threads)
         self._idle: queue.Queue[_Handle] = queue.Queue()
         self._all: dict[int, _Handle] = {}
         self._lock = threading.Lock()
         self._closed = False
-        handles = [_Handle(self._ctx, cfg, i) for i in range(cfg.num_workers)]
+        handles = [_Handle(cfg, i) for i in range(cfg.num_workers)]
         try:
             for h in handles:
                 h.wait_ready()
@@ -232,6 +271,34 @@ class Sandbox:
         req = dict(workspace=os.path.abspath(workspace_dir), argv=[str(a) for a in argv],
                    timeout_s=timeout, memory_files=dict(memory_files or {}),
                    test_timeout_s=test_timeout_s)
+        return self._call(req, timeout)
+
+    def judge(self, workspace_dir: str | os.PathLike, pytest_args: list[str],
+              test_sources: dict[str, str], modules: list[str], timeout_s: float | None = None,
+              *, test_timeout_s: float = 1.0, call_wall_s: float | None = None) -> RunResult:
+        """Run hidden tests in a judge process against the code of `workspace_dir`.
+
+        The tests (`test_sources`: relative path -> source, collected from memory) run
+        under pytest in the call's manager process; every import of a name in `modules`
+        (the task's source modules, e.g. "bsearch", "pkg.mod") is a proxy that forwards
+        calls as plain data to a jailed child serving the workspace's code
+        (`judge.py`, `code_server.py`). The child never holds a test, an expected value
+        or the report. `test_timeout_s` is each call's CPU limit in the child;
+        `call_wall_s` (default 3x that + 1 s) the wall time the judge waits for an answer.
+        """
+        bad = self._check_request(workspace_dir, ["python"], timeout_s, test_sources)
+        if bad:
+            return RunResult(-1, "", "", error=bad, isolation=self.isolation)
+        timeout = float(timeout_s or self.config.timeout_s)
+        wall = float(call_wall_s or 3.0 * test_timeout_s + 1.0)
+        req = dict(workspace=os.path.abspath(workspace_dir),
+                   argv=[sys.executable, "-m", "pytest", *map(str, pytest_args)],
+                   timeout_s=timeout, memory_files=dict(test_sources),
+                   test_timeout_s=test_timeout_s,
+                   judge={"modules": sorted(modules), "call_wall_s": wall})
+        return self._call(req, timeout)
+
+    def _call(self, req: dict, timeout: float) -> RunResult:
         handle = self._idle.get()
         try:
             if self._closed:
@@ -239,8 +306,10 @@ class Sandbox:
             try:
                 handle.conn.send(req)
                 if handle.conn.poll(timeout + _GRACE_S):
-                    res = handle.conn.recv()
-                    return RunResult(**res)
+                    res = RunResult(**handle.conn.recv())
+                    if res.replace_worker:  # it could not clean up: a fresh one for the next call
+                        handle = self._replace(handle)
+                    return res
                 why = "sandbox worker stopped answering; replaced"
             except (EOFError, OSError) as e:
                 why = f"sandbox worker died ({type(e).__name__}); replaced"
@@ -273,12 +342,12 @@ class Sandbox:
 
     def _replace(self, handle: _Handle) -> _Handle:
         handle.kill()
-        new = _Handle(self._ctx, self.config, handle.index)
+        new = _Handle(self.config, handle.index)
         try:
             new.wait_ready()
         except RuntimeError:
             new.kill()
-            new = _Handle(self._ctx, self.config, handle.index)  # one more try, then give up
+            new = _Handle(self.config, handle.index)  # one more try, then give up
             new.wait_ready()
         with self._lock:
             self._all[handle.index] = new

@@ -4,19 +4,25 @@
 1. copies only the task's source files (the paths of `task.files`) from the workspace into a
    fresh directory; anything else the agent left there (a conftest.py, pytest.ini, edited
    or deleted test files, symlinks) is ignored;
-2. runs the pristine hidden tests on it in the sandbox, collected explicitly by path, with
-   no rootdir config, no conftest loading, per-test and wall timeouts. The hidden sources
-   are handed to the sandbox in memory (the files on disk are placeholders), so the code
-   under test cannot read them;
+2. runs the pristine hidden tests with `Sandbox.judge`: the tests, their expected values,
+   every comparison and the report live in a judge process; the agent's code runs in a
+   jailed child (own uid, PID and IPC namespace) that only answers calls, as plain data
+   (`judge.py`, `code_server.py`). The child never holds a test's source, an expected
+   value, a nonce or the reporter, so frame walking, gc searches, globals injection and
+   patching pytest, builtins or the test's helpers have nothing to act on. An answer that
+   is not plain data, a missed answer (timeout, crash, exit) or a malformed one fails
+   the test;
 3. returns reward 1.0 only if every expected hidden test ran and passed: the expected test
    ids come from a run of the same hidden tests on `task.reference_files` (cached per
-   task). A collection error, a timeout, a crash, any exit-code trick (no end-of-session
-   record), a missing test, a forged report line, or tampering with builtins / pytest /
-   unittest or the test module's own helpers (see `pytest_plugin`), or a forked copy of
-   the test session gives 0.0.
+   task). A collection error, a timeout, a missing test or a bad exit gives 0.0.
 
-The hidden tests of generated tasks compare with exact types (`tasks.same`), which defeats
-objects whose `__eq__` always returns True. `info` says why (never affects the reward).
+Guarantees for users' tasks (ordinary pytest files in `hidden_tests`) are the same as
+for generated ones as long as the tests reach the code through calls and plain values
+(see `judge` for what a hidden test may do with the task's modules); a test that needs
+the agent's objects in the judge (isinstance against the task's classes, catching its own
+exception classes, passing callables) fails on the reference too, so `check_task`
+rejects it. The hidden tests of generated tasks compare with exact types (`tasks.same`).
+`info` says why (never affects the reward).
 """
 from __future__ import annotations
 
@@ -24,11 +30,11 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from jaxrl_agent.env.judge import module_names
 from jaxrl_agent.env.sandbox import RunResult, Sandbox
 from jaxrl_agent.env.tasks import Task, TaskFormatError, load_tasks
 
@@ -49,10 +55,10 @@ _expected_cache: dict[str, list[str] | str] = {}
 _cache_lock = threading.Lock()
 
 
-def _pytest_argv(paths: list[str]) -> list[str]:
+def _pytest_args(paths: list[str]) -> list[str]:
     # -c /dev/null + --rootdir: no ini file anywhere is read; --noconftest: no conftest.py.
-    return [sys.executable, "-m", "pytest", "-q", "-c", os.devnull, "--rootdir", ".",
-            "--noconftest", f"--maxfail={_MAX_FAILS}", *paths]
+    return ["-q", "-c", os.devnull, "--rootdir", ".", "--noconftest",
+            f"--maxfail={_MAX_FAILS}", *paths]
 
 
 def _run_hidden(task: Task, sources: dict[str, str], sandbox: Sandbox,
@@ -65,9 +71,9 @@ def _run_hidden(task: Task, sources: dict[str, str], sandbox: Sandbox,
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-        paths = sorted(task.hidden_tests)
-        return sandbox.run(fresh, _pytest_argv(paths), timeout_s=timeout_s,
-                           memory_files=dict(task.hidden_tests), test_timeout_s=test_timeout_s)
+        return sandbox.judge(fresh, _pytest_args(sorted(task.hidden_tests)),
+                             dict(task.hidden_tests), module_names(task.files),
+                             timeout_s=timeout_s, test_timeout_s=test_timeout_s)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
 
@@ -86,8 +92,7 @@ def _analyse(res: RunResult) -> dict:
             failures.append({"test": r.get("id"), "when": r.get("when"),
                              "outcome": r.get("outcome"), "message": str(r.get("message"))[:300]})
     return dict(passed=passed, failures=failures, end=end,
-                tampered=(end or {}).get("tampered") or [],
-                pids=sorted({r.get("pid") for r in tests}, key=str))
+                tampered=(end or {}).get("tampered") or [])
 
 
 def expected_tests(task: Task, sandbox: Sandbox, timeout_s: float = TIMEOUT_S,
@@ -157,8 +162,6 @@ def verify(task: Task, workspace_dir, sandbox: Sandbox | None = None, *,
         reason = "forged_report"
     elif a["tampered"]:
         reason = "tampered"
-    elif len(a["pids"]) > 1:
-        reason = "forked_session"  # the code under test forked copies of the test run
     elif any(f["when"] == "collect" for f in a["failures"]):
         reason = "collection_error"
     elif a["failures"]:
