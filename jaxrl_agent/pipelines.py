@@ -221,11 +221,31 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
     chat = ChatFormat(tok, tool_style="short")
     engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids),
                                            cache_size=cfg.rollout.max_total_tokens))
-    with Sandbox(num_workers=2) as sandbox:
-        summary, _ = evaluate(eval_tasks_for(cfg.eval, sandbox), engine, chat, sandbox, cfg.rollout, cfg.tools, cfg.eval.samples,
-                              seed=cfg.eval.seed, show_progress=show_progress)
-    summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.task_file or cfg.eval.split
+    # Each episode is written as it ends (<out>.episodes.jsonl); a failure late in the run
+    # still leaves a summary of the episodes measured before it, marked partial.
     os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.out)), exist_ok=True)
+    done, log = [], open(os.path.splitext(cfg.eval.out)[0] + ".episodes.jsonl", "w")
+
+    def record(ep):
+        done.append(ep)
+        log.write(json.dumps({"task_id": ep.info.get("task_id"), "reward": ep.reward, "termination": ep.termination,
+                              "reason": (ep.info.get("verify") or {}).get("reason"),
+                              "behaviour": ep.info.get("behaviour")}, default=str) + "\n")
+        log.flush()
+
+    try:
+        with Sandbox(num_workers=2) as sandbox:
+            summary, _ = evaluate(eval_tasks_for(cfg.eval, sandbox), engine, chat, sandbox, cfg.rollout, cfg.tools,
+                                  cfg.eval.samples, seed=cfg.eval.seed, show_progress=show_progress, on_episode=record)
+    except BaseException as e:
+        if done:
+            from jaxrl_agent.evaluation import summarize_episodes
+            with open(cfg.eval.out, "w") as f:
+                json.dump({**summarize_episodes(done, 1), "partial": True, "error": repr(e)}, f, indent=2, default=str)
+        raise
+    finally:
+        log.close()
+    summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.task_file or cfg.eval.split
     with open(cfg.eval.out, "w") as f:
         json.dump(summary, f, indent=2)
     if show_progress:

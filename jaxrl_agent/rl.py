@@ -81,11 +81,14 @@ def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:
 
 
 def evaluate(tasks, engine, chat, sandbox, rollout_cfg: RolloutConfig, tool_cfg: ToolConfig, k: int, *,
-             seed: int, show_progress: bool = True, description: str = "eval") -> tuple[dict, list]:
-    """pass@1 / pass@k with Wilson intervals and behaviour statistics on `tasks` (k episodes each)."""
+             seed: int, show_progress: bool = True, description: str = "eval",
+             on_episode=None) -> tuple[dict, list]:
+    """pass@1 / pass@k with Wilson intervals and behaviour statistics on `tasks` (k episodes
+    each); `on_episode(episode)` sees each episode as it ends."""
     cfg = replace(rollout_cfg, group_size=k)
     with progress_bar(len(tasks) * k, description, enabled=show_progress) as advance:
-        eps, stats = collect_episodes(tasks, engine, chat, sandbox, cfg, tool_cfg, seed=seed, progress=advance)
+        eps, stats = collect_episodes(tasks, engine, chat, sandbox, cfg, tool_cfg, seed=seed, progress=advance,
+                                      on_episode=on_episode)
     summary = summarize_episodes(eps, k)
     summary["signal"] = group_signal(eps)
     summary["cost"] = stats.as_dict()

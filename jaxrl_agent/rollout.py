@@ -93,6 +93,7 @@ def collect_episodes(
     seed: int = 0,
     first_group_id: int = 0,
     progress=None,
+    on_episode=None,
 ) -> tuple[list[Episode], RolloutStats]:
     """Run `cfg.group_size` episodes on every task and return them with timing stats.
 
@@ -102,6 +103,8 @@ def collect_episodes(
       chat: chat format (tokenizer + tool style); sandbox: an open `env.sandbox.Sandbox`.
       seed: episode seeds are `seed + k` for the k-th episode, so a run is repeatable.
       progress: optional callable(n_done, n_total) for a progress bar.
+      on_episode: optional callable(episode), called as each episode ends (jobs that write
+        results as they go, so a late failure keeps what was measured).
     Returns:
       (episodes in task order, G per task, with `info` holding task id, behaviour and
       verifier details; stats).
@@ -177,6 +180,8 @@ def collect_episodes(
             episode.sampler_logp, episode.turn_id = episode.sampler_logp[:n], episode.turn_id[:n]
         results[ep.key] = episode
         stats.terminations[termination] = stats.terminations.get(termination, 0) + 1
+        if on_episode is not None:
+            on_episode(episode)
         if progress is not None:
             progress(len(results), len(tasks) * G)
 

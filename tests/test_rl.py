@@ -148,7 +148,7 @@ def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):
                  traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
 
 
-def test_eval_and_export_commands(sft_model, tok, tmp_path):
+def test_eval_and_export_commands(sft_model, tok, tmp_path, monkeypatch):
     """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint; the
     eval job and the run's held-out evaluation read their tasks from a JSONL task file."""
     from jaxrl_agent import hf
@@ -165,6 +165,20 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path):
                                          rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)
     saved = json.load(open(out))
     assert saved["n_episodes"] == 2 and saved["split"] == task_file and 0.0 <= summary["pass1"] <= 1.0
+    lines = [json.loads(x) for x in open(str(tmp_path / "eval.episodes.jsonl"))]
+    assert len(lines) == 2 and {x["task_id"] for x in lines} == {"binary_search"}
+    # A failure after the episodes ran keeps them: a partial summary names the error.
+    import jaxrl_agent.rl as rl_mod
+
+    def broken(*a, **k):
+        raise RuntimeError("late failure")
+    monkeypatch.setattr(rl_mod, "summarize_episodes", broken)
+    with pytest.raises(RuntimeError, match="late failure"):
+        run_eval_job(EvalRunConfig(policy=PolicyConfig(policy), eval=EvalConfig(task_file=task_file, samples=2, out=out),
+                                   rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)
+    partial = json.load(open(out))
+    assert partial["partial"] and partial["n_episodes"] == 2 and "late failure" in partial["error"]
+    monkeypatch.undo()
     run_dir = str(tmp_path / "run")
     res = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=1, eval_file=task_file, eval_samples=1),
                    rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
