@@ -15,7 +15,10 @@ tasks and seeds, alternated repeat by repeat:
 - `row_flush_t0.5_rows32`: the engine's flush now: one prefill per length bucket, on just
   the rows that need it;
 - `row_flush_t0.05_rows32`: plus a 0.05 s CPU limit per test;
-- `row_flush_t0.05_rows16`: plus 16 engine rows (the study's setting now).
+- `row_flush_t0.05_rows16`: plus 16 engine rows (the study's setting now);
+- `row_flush_t0.05_rows16_in_process_verify`: the same with verify's former hidden-test run
+  (tests in the code's own process), so `judge_cost` = judge seconds / in-process seconds
+  is what the judge process costs one RL iteration's rollout.
 
 Episodes differ between the two limits only where a test timed out (its message quotes the
 limit). Prints seconds per rollout, where the time went and each ratio to the first setting;
@@ -42,12 +45,33 @@ from jaxrl_agent.rollout import collect_episodes
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat
 
-SETTINGS = {  # name: (flush, test CPU limit s, engine rows)
-    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32),
-    "row_flush_t0.5_rows32": ("rows", 0.5, 32),
-    "row_flush_t0.05_rows32": ("rows", 0.05, 32),
-    "row_flush_t0.05_rows16": ("rows", 0.05, 16),
+SETTINGS = {  # name: (flush, test CPU limit s, engine rows, verify's hidden-test run)
+    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32, "judge"),
+    "row_flush_t0.5_rows32": ("rows", 0.5, 32, "judge"),
+    "row_flush_t0.05_rows32": ("rows", 0.05, 32, "judge"),
+    "row_flush_t0.05_rows16": ("rows", 0.05, 16, "judge"),
+    "row_flush_t0.05_rows16_in_process_verify": ("rows", 0.05, 16, "in_process"),
 }
+
+
+def in_process_hidden_run(task, sources, sandbox, timeout_s, test_timeout_s):
+    """verify's former hidden-test run: the tests in the same process as the code under test
+    (`Sandbox.run` with in-memory test sources), before the judge process existed."""
+    import shutil
+    import sys
+    import tempfile
+
+    from jaxrl_agent.env.verifier import _pytest_args
+    fresh = tempfile.mkdtemp(prefix="jxa-verify-")
+    try:
+        for rel, text in sources.items():
+            os.makedirs(os.path.dirname(os.path.join(fresh, rel)), exist_ok=True)
+            with open(os.path.join(fresh, rel), "w") as f:
+                f.write(text)
+        return sandbox.run(fresh, [sys.executable, "-m", "pytest", *_pytest_args(sorted(task.hidden_tests))],
+                           timeout_s=timeout_s, memory_files=dict(task.hidden_tests), test_timeout_s=test_timeout_s)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
 
 
 def whole_batch_flush(eng: SamplingEngine) -> None:
@@ -73,49 +97,64 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout.json"))
     args = ap.parse_args()
+    settings = {k: SETTINGS[k] for k in args.settings}
     model, tok = load_policy(DEMO_POLICY_DIR)
     chat = ChatFormat(tok, tool_style="short")
     tasks = generate_tasks("train", args.tasks, 123)
     rollout = RolloutConfig(group_size=args.group)
     engines = {}
-    for name, (flush, _, rows) in SETTINGS.items():
+    for name, (flush, _, rows, _) in settings.items():
         eng = SamplingEngine(model, agent_sampling(batch_size=rows, stop_token_ids=tuple(tok.stop_ids), seed=0))
         if flush == "whole_batch":
             eng.flush = (lambda e: lambda: whole_batch_flush(e))(eng)
         engines[name] = eng
-    seconds = {name: [] for name in SETTINGS}
-    parts = {name: [] for name in SETTINGS}
+    seconds = {name: [] for name in settings}
+    parts = {name: [] for name in settings}
+    from jaxrl_agent.env import verifier
+    judged_run = verifier._run_hidden
+
+    def use_verify(name):
+        verifier._run_hidden = in_process_hidden_run if settings[name][3] == "in_process" else judged_run
+
     with Sandbox(num_workers=2) as sandbox:
         for name, eng in engines.items():  # compile every shape and warm the sandbox once
             eng.warmup()
+            use_verify(name)
             collect_episodes(tasks[:1], eng, chat, sandbox, RolloutConfig(group_size=2),
-                             ToolConfig(test_timeout_s=SETTINGS[name][1]), seed=1)
+                             ToolConfig(test_timeout_s=settings[name][1]), seed=1)
         for rep in range(args.repeats):
-            names = list(SETTINGS) if rep % 2 == 0 else list(SETTINGS)[::-1]
+            names = list(settings) if rep % 2 == 0 else list(settings)[::-1]
             for name in names:
+                use_verify(name)
                 t0 = time.perf_counter()
                 eps, stats = collect_episodes(tasks, engines[name], chat, sandbox, rollout,
-                                              ToolConfig(test_timeout_s=SETTINGS[name][1]), seed=7)
+                                              ToolConfig(test_timeout_s=settings[name][1]), seed=7)
                 seconds[name].append(time.perf_counter() - t0)
                 parts[name].append({"sampling_s": stats.seconds_sampling, "tools_s_summed": stats.seconds_tools,
                                     "verify_s_summed": stats.seconds_verify, "tokens_sampled": stats.tokens_sampled,
                                     "success": float(np.mean([e.reward for e in eps]))})
+    verifier._run_hidden = judged_run
     med = {k: float(np.median(v)) for k, v in seconds.items()}
-    base = med[next(iter(SETTINGS))]
+    base = med[next(iter(settings))]
+    study, former = "row_flush_t0.05_rows16", "row_flush_t0.05_rows16_in_process_verify"
     result = {
         "median_seconds": med, "all_seconds": seconds, "ratio_to_previous_setting": {k: base / v for k, v in med.items()},
-        "speedup_study_setting_vs_previous": base / med["row_flush_t0.05_rows16"], "parts": parts,
+        "speedup_study_setting_vs_previous": base / med[study] if study in med else None,
+        "judge_cost": med[study] / med[former] if study in med and former in med else None, "parts": parts,
         "setup": {"tasks": args.tasks, "group": args.group, "repeats": args.repeats, "episodes": args.tasks * args.group,
                   "policy": "jaxrl_agent/assets/demo_policy", "sandbox_workers": 2},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__},
     }
     print(f"rollout of {args.tasks} tasks x {args.group} episodes (demo policy, 2 sandbox workers)")
     print(f"{'setting':34s} {'median s':>9s} {'speedup':>8s} {'sampling s':>11s} {'success':>8s}")
-    for name in SETTINGS:
+    for name in settings:
         p = parts[name][-1]
         print(f"{name:34s} {med[name]:9.1f} {base / med[name]:8.2f} {p['sampling_s']:11.1f} {p['success']:8.2f}")
+    if result["judge_cost"] is not None:
+        print(f"judge cost: {result['judge_cost']:.3f}x the rollout with in-process verify")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

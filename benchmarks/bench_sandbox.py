@@ -15,6 +15,12 @@ Overhead: sequential calls through an idle pool; per call, the caller-observed l
 minus the child's own wall time (`RunResult.duration_s`: fork to exit, which includes the
 whole pytest session) = copy + IPC + fork + cleanup. Reported at p50/p99.
 
+Judge cost: the hidden tests of each task on its reference solution, one call at a time,
+both ways in one run, interleaved: `Sandbox.judge` (what `verify` does: tests and comparisons
+in the judge process, the code served as plain data by the jailed child) against the same
+tests run in-process in the child (`Sandbox.run(..., memory_files=...)`, what `verify` did
+before the judge existed). `judge_cost_ratio` = judge seconds / in-process seconds.
+
 Run: `python benchmarks/bench_sandbox.py` (writes benchmarks/results/sandbox.json).
 """
 from __future__ import annotations
@@ -77,6 +83,31 @@ def pool_run(sb: Sandbox, ws: str, files: list[str]) -> tuple[float, float]:
     return latency, r.duration_s
 
 
+def judge_cost(sb: Sandbox, tasks, root: str, rounds: int = 3) -> dict:
+    """Seconds per hidden-test run: judge vs in-process, interleaved task by task."""
+    from jaxrl_agent.env.judge import module_names
+    from jaxrl_agent.env.verifier import _pytest_args
+
+    times = {"judge": [], "in_process": []}
+    for r in range(rounds):
+        for i, t in enumerate(tasks):
+            ws = create_workspaces(dict(t.reference_files), os.path.join(root, f"j{r}-{i}"), 1)[0]
+            args = _pytest_args(sorted(t.hidden_tests))
+            order = [("judge", "in_process"), ("in_process", "judge")][(r + i) % 2]
+            for way in order:
+                t0 = time.perf_counter()
+                if way == "judge":
+                    res = sb.judge(ws, args, dict(t.hidden_tests), module_names(t.files))
+                else:
+                    res = sb.run(ws, [sys.executable, "-m", "pytest", *args],
+                                 memory_files=dict(t.hidden_tests), test_timeout_s=1.0)
+                times[way].append(time.perf_counter() - t0)
+                assert res.error is None and res.returncode == 0, (way, res.error, res.stdout[-300:])
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"judge_ms_p50": med["judge"] * 1e3, "in_process_ms_p50": med["in_process"] * 1e3,
+            "judge_cost_ratio": med["judge"] / med["in_process"]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=64)
@@ -111,6 +142,7 @@ def main() -> None:
         for k in range(args.overhead_calls):
             lat, child = pool_run(sb, *eps[k % len(eps)])
             over.append((lat - child) * 1e3)
+        judged = judge_cost(sb, tasks[:16], root)
         isolation = sb.isolation
 
     naive_run(*eps[0], args.timeout, args.memory_mb)  # warm-up
@@ -128,6 +160,7 @@ def main() -> None:
         pool_calls_per_s=float(args.episodes / pool_s),
         naive_calls_per_s=float(args.episodes / naive_s),
         naive_p50_latency_ms=float(np.percentile(naive_lat, 50) * 1e3),
+        **judged,
         episodes=args.episodes, workers=args.workers, isolation=isolation,
         cpu_count=os.cpu_count(), python=platform.python_version(), machine=platform.machine())
     print(f"{'':24}{'pool':>12}{'naive':>12}")
@@ -135,6 +168,8 @@ def main() -> None:
           f"{res['naive_calls_per_s']:>12.1f}")
     print(f"{'speedup':24}{res['speedup_vs_naive']:>12.2f}x")
     print(f"{'overhead p50 / p99 ms':24}{res['p50_overhead_ms']:>6.1f} / {res['p99_overhead_ms']:.1f}")
+    print(f"{'verify: judge / in-process ms':24} {res['judge_ms_p50']:.1f} / {res['in_process_ms_p50']:.1f}"
+          f"  ({res['judge_cost_ratio']:.2f}x)")
     print(f"(workers={args.workers}, isolation={isolation}, cpus={os.cpu_count()})")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

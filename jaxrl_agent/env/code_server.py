@@ -170,7 +170,7 @@ def serve(rfd: int, wfd: int, modules: list[str], call_cpu_s: float | None) -> i
         if not line:
             return 0
         try:
-            req = json.loads(line)
+            req = json.loads(line)  # from the judge: trusted
             op = req["op"]
             if call_cpu_s:
                 signal.setitimer(signal.ITIMER_PROF, call_cpu_s)

@@ -78,7 +78,7 @@ class Channel:
         line = self._readline(min(time.monotonic() + self.call_wall_s, self.deadline))
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             reply = None
         if not isinstance(reply, dict) or len(reply) != 1:
             self._kill("malformed reply from the code under test")

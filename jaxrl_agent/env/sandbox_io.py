@@ -44,7 +44,7 @@ def parse_records(data: bytes, nonce: str) -> tuple[list[dict], int]:
     for line in data.decode(errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # "[" * 100000 must not become a sandbox error
             rec = None
         if isinstance(rec, dict) and rec.pop("nonce", None) == nonce and well_formed(rec):
             tests.append(rec)

@@ -38,7 +38,7 @@ from jaxrl_agent.env.sandbox_io import drain, killpg, parse_records
 REPORT_FD = 200  # where an in-process pytest run (child or judge) writes its records
 REQ_FD = 201  # judge -> code server requests, in the child
 _EOF, _REPLACE = 5, 6  # manager exit codes: the caller is gone / replace this worker
-_CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+_CHILD_ENV = {"PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
               "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
