@@ -152,7 +152,9 @@ def _worker_env() -> dict[str, str]:
     is in its memory, so nothing of it is in the memory its children are forked from."""
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-            "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1",
+            # the judge's pytest and the children's: no third-party plugins (entry points)
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 class _Handle:

@@ -6,7 +6,7 @@ nothing of the caller's in its memory), builds its jail and pre-imports pytest. 
 reads a request itself: each call gets a fresh *manager* process, so no call's data (the
 hidden tests, a previous result) is ever in the memory the next call's child is forked from:
 
-    worker (clean) --fork per call--> manager: new IPC + PID namespace
+    worker (clean) --fork per call--> manager: new IPC + PID namespace (made ahead of time)
                                         |-- fork (before the request is read) --> child
                                         |   (clean copy; waits for its instructions)
                                         |-- recv request, mount the call's tmpfs, copy
@@ -111,10 +111,8 @@ class _Worker:
 
     def serve(self, conn) -> None:
         while True:
-            try:
-                conn.poll(None)  # a request (or EOF) is waiting; the manager reads it
-            except (EOFError, OSError):
-                return
+            # The next call's manager (and its child) are made at once, before any request
+            # is waiting: namespaces and forks cost the caller nothing while the pool idles.
             pid = os.fork()
             if pid == 0:
                 code = 1

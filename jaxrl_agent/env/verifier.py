@@ -56,8 +56,10 @@ _cache_lock = threading.Lock()
 
 
 def _pytest_args(paths: list[str]) -> list[str]:
-    # -c /dev/null + --rootdir: no ini file anywhere is read; --noconftest: no conftest.py.
-    return ["-q", "-c", os.devnull, "--rootdir", ".", "--noconftest",
+    # -c /dev/null + --rootdir: no ini file anywhere is read; --noconftest: no conftest.py;
+    # --confcutdir: collection starts at the rootdir, not at / (pytest would list every
+    # directory above it, /tmp among them, on each run).
+    return ["-q", "-c", os.devnull, "--rootdir", ".", "--confcutdir", ".", "--noconftest",
             f"--maxfail={_MAX_FAILS}", *paths]
 
 
