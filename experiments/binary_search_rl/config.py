@@ -37,6 +37,9 @@ class PretrainStage:
     """Distinct drill instances (generated with seed + 100, disjoint from the demonstrations)."""
     extra_edits: int = 2
     """Change-and-restore copies of other lines per drill, besides the fix."""
+    random_names: float = 0.0
+    """Share of drill instances re-made with made-up identifiers (`drills.random_name_tasks`),
+    where guessing a pool's name cannot be right."""
     steps: int = 1000
     """Optimizer steps (1000 x 8 = 2 passes over the drills: line-addressed copies are learnt
     faster than `str_replace`'s, which took 2000)."""

@@ -14,16 +14,23 @@ tests run and nothing is verified, so a drill costs milliseconds, and thousands 
 instances (with their randomised identifiers) are affordable. That many instances cannot be
 memorised: the loss only falls by copying. The drills play the part pretraining plays for a
 real LLM; the SFT baselines and RL all start from the same drilled model.
+
+The templates draw identifiers from small pools (4-5 names per role), so a policy can also
+lower the loss by guessing a pool's name. `random_name_tasks` re-instantiates a share of
+the drill instances with made-up identifiers and module names (syllable words never seen
+in the pools), where only a copy is right.
 """
 from __future__ import annotations
 
+import keyword
 import os
 import random
 import tempfile
 
 from jaxrl_agent.demonstrations import transcript_to_episode
 from jaxrl_agent.env.expert import Transcript, _wrong, plan_edits
-from jaxrl_agent.env.tasks import Task, workspace_files
+from jaxrl_agent.env.tasks import Task, make_instance, workspace_files
+from jaxrl_agent.env.templates import TEMPLATES
 from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call,
                                    number_text)
 from jaxrl_agent.tokenizer import ChatFormat
@@ -39,6 +46,37 @@ def _copyable_lines(text: str) -> list[tuple[int, str]]:
         s = line.strip()
         if s and not s.startswith(('"""', "#")) and not {'"', "\\"} & set(line) and text.count(s) == 1:
             out.append((k, line))
+    return out
+
+
+_SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "vi", "lo", "dra", "pen", "qui", "zor",
+              "fal", "mun", "tek", "wis", "gor", "yel", "nap", "hix")
+
+
+def _made_up(rng: random.Random, taken: set[str]) -> str:
+    """A fresh identifier: 2-3 syllables, sometimes two words joined by '_'."""
+    while True:
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((2, 2, 3))))
+        if rng.random() < 0.3:
+            word += "_" + "".join(rng.choice(_SYLLABLES) for _ in range(2))
+        if word not in taken and not keyword.iskeyword(word) and word not in dir(__builtins__):
+            taken.add(word)
+            return word
+
+
+def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
+    """`tasks` with a `share` of them re-made from their template with made-up identifiers
+    and module name (same bugs drawn afresh); deterministic in (seed, index)."""
+    out = []
+    for i, task in enumerate(tasks):
+        rng = random.Random(f"names|{seed}|{i}")
+        if rng.random() >= share:
+            out.append(task)
+            continue
+        tpl = TEMPLATES[task.metadata["template"]]
+        taken: set[str] = set()
+        names = {role: _made_up(rng, taken) for role in tpl.names}
+        out.append(make_instance(tpl, rng, split="train", seed=seed, names=names, module=_made_up(rng, taken)))
     return out
 
 

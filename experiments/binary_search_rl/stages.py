@@ -32,7 +32,7 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.drills import make_drills
+from experiments.binary_search_rl.drills import make_drills, random_name_tasks
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
@@ -174,8 +174,8 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     done = cached(cfg, "pretrain", stamp)
     if done is not None:
         return done
-    drills = make_drills(generate_tasks("train", p.num_tasks, cfg.seed + 100), chat_format(cfg), seed=cfg.seed,
-                         extra_edits=p.extra_edits)
+    tasks = random_name_tasks(generate_tasks("train", p.num_tasks, cfg.seed + 100), p.random_names, cfg.seed)
+    drills = make_drills(tasks, chat_format(cfg), seed=cfg.seed, extra_edits=p.extra_edits)
     return finish(cfg, "pretrain", stamp, _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size,
                                                learning_rate=p.learning_rate, init=None))
 
