@@ -103,6 +103,35 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
     assert restores > 0
 
 
+def test_random_name_drill_instances_use_no_pool_names(tmp_path):
+    """A share of 1 re-makes every instance with made-up names (none from the template's
+    pools), still a checked task whose drill ends fixed; a share of 0 changes nothing."""
+    import ast
+    import random
+
+    from jaxrl_agent.env.tasks import generate_tasks, workspace_files
+    from jaxrl_agent.env.templates import TEMPLATES
+    from jaxrl_agent.env.tools import create_workspaces
+    from experiments.binary_search_rl.drills import drill_transcript, random_name_tasks
+
+    tasks = generate_tasks("train", 6, 5)
+    assert random_name_tasks(tasks, 0.0, 0) == tasks
+    made = random_name_tasks(tasks, 1.0, 0)
+    assert made == random_name_tasks(tasks, 1.0, 0)  # deterministic
+    for i, (old, new) in enumerate(zip(tasks, made)):
+        pools = {n for v in TEMPLATES[old.metadata["template"]].names.values() for n in v}
+        assert new.metadata["template"] == old.metadata["template"]
+        tree = ast.parse(new.files[new.metadata["source_file"]])
+        idents = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args} | {new.metadata["fn"]}
+        assert not pools & idents, pools & idents
+        ws = create_workspaces(workspace_files(new), str(tmp_path / str(i)), 1)[0]
+        tr = drill_transcript(new, ws, random.Random(i))
+        assert all(not obs.startswith("Error") for _, obs in tr.turns), tr.turns
+        with open(os.path.join(ws, new.metadata["source_file"])) as f:
+            assert f.read() == new.reference_files[new.metadata["source_file"]]
+
+
 def test_turn_accuracy_scores_whole_turns_by_tool():
     """An expert turn counts only when every one of its tokens is predicted; grouped by tool."""
     import numpy as np
