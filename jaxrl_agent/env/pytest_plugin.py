@@ -1,4 +1,4 @@
-"""In-process pytest runner for sandbox children (HOST; runs inside the untrusted child).
+"""In-process pytest runner for sandbox calls (HOST; in the child, or in the judge process).
 
 A sandbox worker has already imported pytest; for `python -m pytest ...` it forks a child
 that calls `run_pytest` instead of starting a new interpreter (that is where the pool's speed
@@ -15,10 +15,11 @@ comes from). The plugin here adds what a plain pytest run cannot give a judge:
 - in-memory test modules: files named in `memory_files` are compiled from sources held in
   memory (the copies on disk are placeholders), so code under test cannot read them from disk.
 
-Limits: this runs in the same process as the code under test, so a determined adversary that
-introspects the interpreter (gc, frames) can still find the nonce or the test sources; the
-verifier's other defences (fresh directory, strict expected-test list, type-strict hidden
-tests) do not depend on it.
+Where it runs: in the sandboxed child for `Sandbox.run` (the agent's own `run_tests`: an
+observation, not a verdict; code that introspects the interpreter can reach the nonce
+there), and in the judge process for `Sandbox.judge` (`verify`), where the code under test
+is another process that only answers plain-data calls (`judge.py`), so nothing here is
+within its reach.
 """
 from __future__ import annotations
 
