@@ -3,8 +3,8 @@ import sys
 
 from jaxrl_agent.malloc_env import reexec_with_tcmalloc
 
-# The guard matters: the sandbox starts its workers with multiprocessing "spawn", which
-# re-imports the main module in each child.
+# The usual guard (the sandbox's workers are separate interpreters started with
+# `python -m jaxrl_agent.env.sandbox_worker`; they never import this module).
 if __name__ == "__main__":
     reexec_with_tcmalloc()  # before JAX starts: see malloc_env.py
     from jaxrl_agent.cli import main
