@@ -63,6 +63,7 @@ class _Worker:
                 self.jail = jail.build_jail(cfg.disk_mb, self.uid)
                 jail.mount_call_dirs(self.jail, 1, self.uid, 64)  # probe the per-call mounts
                 jail.release_call_dirs(self.jail)
+                _probe_call_namespaces()
                 self.level = "namespaces"
             except OSError as e:
                 if cfg.isolation == "namespaces":
@@ -338,6 +339,25 @@ class _Worker:
             finally:
                 os._exit(127)
         os._exit(127)
+
+
+def _probe_call_namespaces() -> None:
+    """Raise OSError unless a forked process can make the per-call IPC + PID namespaces."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            jail.unshare_call()
+            inner = os.fork()
+            if inner == 0:
+                os._exit(0)
+            os.waitpid(inner, 0)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        raise OSError("unshare(ipc+pid) refused")
 
 
 def argv_tail(argv: list[str]) -> list[str]:
