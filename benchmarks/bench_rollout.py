@@ -61,14 +61,14 @@ def in_process_hidden_run(task, sources, sandbox, timeout_s, test_timeout_s):
     import sys
     import tempfile
 
-    from jaxrl_agent.env.verifier import _pytest_args
+    from jaxrl_agent.env.verifier import pytest_args
     fresh = tempfile.mkdtemp(prefix="jxa-verify-")
     try:
         for rel, text in sources.items():
             os.makedirs(os.path.dirname(os.path.join(fresh, rel)), exist_ok=True)
             with open(os.path.join(fresh, rel), "w") as f:
                 f.write(text)
-        return sandbox.run(fresh, [sys.executable, "-m", "pytest", *_pytest_args(sorted(task.hidden_tests))],
+        return sandbox.run(fresh, [sys.executable, "-m", "pytest", *pytest_args(sorted(task.hidden_tests))],
                            timeout_s=timeout_s, memory_files=dict(task.hidden_tests), test_timeout_s=test_timeout_s)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)

@@ -86,13 +86,13 @@ def pool_run(sb: Sandbox, ws: str, files: list[str]) -> tuple[float, float]:
 def judge_cost(sb: Sandbox, tasks, root: str, rounds: int = 3) -> dict:
     """Seconds per hidden-test run: judge vs in-process, interleaved task by task."""
     from jaxrl_agent.env.judge import module_names
-    from jaxrl_agent.env.verifier import _pytest_args
+    from jaxrl_agent.env.verifier import pytest_args
 
     times = {"judge": [], "in_process": []}
     for r in range(rounds):
         for i, t in enumerate(tasks):
             ws = create_workspaces(dict(t.reference_files), os.path.join(root, f"j{r}-{i}"), 1)[0]
-            args = _pytest_args(sorted(t.hidden_tests))
+            args = pytest_args(sorted(t.hidden_tests))
             order = [("judge", "in_process"), ("in_process", "judge")][(r + i) % 2]
             for way in order:
                 t0 = time.perf_counter()

@@ -5,7 +5,8 @@
 - `tool_calls` tool schemas, the Hermes tool-call text format and its parser
 - `tools`      tools over a workspace and the episode session (limits, terminations)
 - `sandbox`    process-isolated execution of untrusted code (pool of workers; `jail`,
-               `sandbox_worker`, `sandbox_io` and `pytest_plugin` are its internals)
+               `sandbox_worker`, `sandbox_io`, `seccomp` and `pytest_plugin` are its
+               internals)
 - `judge`      the judge side of a verify: hidden tests whose imports of the task's
                modules are proxies; `code_server` answers them as plain data in the jail
 - `verifier`   independent judge of a final workspace -> reward

@@ -13,7 +13,7 @@ Everything here runs inside a sandbox worker process, never in the caller:
   a call wrote, so no tree (deep, huge, unwritable) can make it fail or hang;
   `unshare_call`: a fresh IPC and PID namespace for the call's processes.
 - `enter_child`: in a freshly forked child, apply rlimits, chroot into the jail, drop to
-  the worker's own unprivileged uid/gid.
+  the worker's own unprivileged uid/gid, install the seccomp filter (`seccomp.py`).
 - `kill_uid`: kill every process of a uid (the per-worker uid makes this exact), looping
   until none is left, so nothing an untrusted call started outlives it.
 """
@@ -28,6 +28,8 @@ import stat
 import sys
 import tempfile
 import time
+
+from jaxrl_agent.env import seccomp
 
 # ---- syscalls ----
 
@@ -296,58 +298,7 @@ def enter_child(*, jail: str | None, workdir: str, uid: int | None, cpu_s: int,
         os.setuid(uid)
     # If the worker dies, the child dies with it (set after setuid, which clears it).
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    install_seccomp()  # best effort: a kernel without seccomp keeps the other layers
-
-
-# Syscalls no test needs that would open a channel past the call or the kernel's soft spots:
-# the kernel keyrings (a uid's user keyring outlives its processes and is not namespaced by
-# IPC/PID namespaces), perf events and bpf (side channels), userfaultfd and io_uring.
-_BLOCKED = ("add_key", "request_key", "keyctl", "perf_event_open", "bpf", "userfaultfd",
-            "io_uring_setup")
-_SYSCALLS = {  # audit arch -> syscall numbers, in the order of _BLOCKED
-    "x86_64": (0xC000003E, (248, 249, 250, 298, 321, 323, 425)),
-    "aarch64": (0xC00000B7, (217, 218, 219, 241, 280, 282, 425)),
-}
-
-
-def seccomp_filter() -> bytes | None:
-    """The child's seccomp program: EPERM for `_BLOCKED` (and the x32 ABI), allow the rest."""
-    import platform
-    import struct
-    arch = _SYSCALLS.get(platform.machine())
-    if arch is None:
-        return None
-    audit, nrs = arch
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, eperm = 0x7FFF0000, 0x00050000 | 1
-    body = [(ld, 0, 0, 0)]  # seccomp_data.nr
-    if audit == 0xC000003E:
-        body.append((jge, 0, 0, 0x40000000))  # x32 syscalls: jt patched below
-    body += [(jeq, 0, 0, nr) for nr in nrs]
-    prog = [(ld, 0, 0, 4), (jeq, 0, len(body), audit)] + body + [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
-    errno_at = len(prog) - 1
-    out = []
-    for i, (code, jt, jf, k) in enumerate(prog):
-        if i >= 2 and code in (jeq, jge):
-            jt = errno_at - i - 1
-        out.append(struct.pack("HBBI", code, jt, jf, k))
-    return b"".join(out)
-
-
-def install_seccomp() -> bool:
-    """Install `seccomp_filter` for this process and its children (no new privileges)."""
-    prog = seccomp_filter()
-    if prog is None:
-        return False
-    buf = ctypes.create_string_buffer(prog)
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(len(prog) // 8, ctypes.addressof(buf))
-    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        return False
-    return _libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
+    seccomp.install()  # best effort: a kernel without seccomp keeps the other layers
 
 
 def uid_can_read(uid: int, path: str) -> bool:

@@ -134,9 +134,6 @@ class Channel:
         raise NoAnswer(why)
 
 
-_ANSWERS = ("ok", "callable", "raise")
-
-
 def _answer(channel: Channel, reply: dict, make_callable):
     """A reply -> a plain value, a callable proxy, or a raised exception."""
     kind = next(iter(reply))

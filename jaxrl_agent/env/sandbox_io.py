@@ -53,9 +53,9 @@ def parse_records(data: bytes, nonce: str) -> tuple[list[dict], int]:
     return tests, forged
 
 
-def drain(pid: int | None, fds: list[int], timeout: float, limit: int, on_exit=None):
-    """Read `fds` until child `pid` exits (or, without a pid, until they all close) or the
-    wall `timeout`; kill its process group on timeout. Returns (bufs, timed_out, status).
+def drain(pid: int, fds: list[int], timeout: float, limit: int, on_exit=None):
+    """Read `fds` until child `pid` exits or the wall `timeout`; kill its process group on
+    timeout. Returns (bufs, timed_out, status).
 
     `on_exit()` runs once the child is gone, before the last buffered bytes are read:
     grandchildren may still hold the pipes, so it kills them. Each buffer keeps at most
@@ -64,20 +64,18 @@ def drain(pid: int | None, fds: list[int], timeout: float, limit: int, on_exit=N
     """
     caps = [limit + 1, limit + 1, 4 << 20][:len(fds)]
     bufs = [bytearray() for _ in fds]
-    pidfd = os.pidfd_open(pid) if pid is not None else None
+    pidfd = os.pidfd_open(pid)
     deadline = time.monotonic() + timeout
     open_fds, timed_out, status = list(fds), False, None
     try:
-        while (status is None) if pid is not None else open_fds:
+        while status is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
-                if pid is not None:
-                    killpg(pid)
-                    _, status = os.waitpid(pid, 0)
+                killpg(pid)
+                _, status = os.waitpid(pid, 0)
                 break
-            watch = open_fds + ([pidfd] if pidfd is not None else [])
-            ready, _, _ = select.select(watch, [], [], remaining)
+            ready, _, _ = select.select(open_fds + [pidfd], [], [], remaining)
             for fd in ready:
                 if fd == pidfd:
                     _, status = os.waitpid(pid, 0)
@@ -99,7 +97,7 @@ def drain(pid: int | None, fds: list[int], timeout: float, limit: int, on_exit=N
             except BlockingIOError:
                 pass
     finally:
-        for fd in fds + ([pidfd] if pidfd is not None else []):
+        for fd in fds + [pidfd]:
             os.close(fd)
     return [bytes(b) for b in bufs], timed_out, status
 

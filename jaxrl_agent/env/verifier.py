@@ -55,7 +55,8 @@ _expected_cache: dict[str, list[str] | str] = {}
 _cache_lock = threading.Lock()
 
 
-def _pytest_args(paths: list[str]) -> list[str]:
+def pytest_args(paths: list[str]) -> list[str]:
+    """pytest's arguments for a hidden-test run of `paths` (also the benchmarks' baseline)."""
     # -c /dev/null + --rootdir: no ini file anywhere is read; --noconftest: no conftest.py;
     # --confcutdir: collection starts at the rootdir, not at / (pytest would list every
     # directory above it, /tmp among them, on each run).
@@ -73,7 +74,7 @@ def _run_hidden(task: Task, sources: dict[str, str], sandbox: Sandbox,
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-        return sandbox.judge(fresh, _pytest_args(sorted(task.hidden_tests)),
+        return sandbox.judge(fresh, pytest_args(sorted(task.hidden_tests)),
                              dict(task.hidden_tests), module_names(task.files),
                              timeout_s=timeout_s, test_timeout_s=test_timeout_s)
     finally:
