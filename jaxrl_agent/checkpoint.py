@@ -117,12 +117,15 @@ class Checkpointer:
 
 
 # ---- export ----
-def export_hf(train_step, state, model_config, path: str, tokenizer=None) -> None:
+def export_hf(train_step, state, model_config, path: str, tokenizer=None, write: bool = True) -> None:
     """Write the current policy (LoRA merged into its base) as an HF checkpoint directory.
 
     Args: train_step: the `TrainStep` the state belongs to; state: its `TrainState`;
       model_config: the `ModelConfig`; path: output directory (`transformers` loads it);
-      tokenizer: written beside the weights when given (see `hf.save_pretrained`).
+      tokenizer: written beside the weights when given (see `hf.save_pretrained`);
+      write: False takes part in gathering the parameters (a collective on a multi-process
+        job: every process must call this) but writes nothing.
     """
-    hf.save_pretrained(train_step.to_model(train_step.host_policy_params(state)), model_config, path,
-                       tokenizer=tokenizer)
+    params = train_step.host_policy_params(state)
+    if write:
+        hf.save_pretrained(train_step.to_model(params), model_config, path, tokenizer=tokenizer)

@@ -283,7 +283,14 @@ class RLConfig:
     checkpoint_every: int = 10
     """Checkpoint every this many iterations (and at the end / on Ctrl-C)."""
     sandbox_workers: int = 2
-    """Sandbox worker processes for run_tests and the verifier."""
+    """Sandbox worker processes for run_tests and the verifier (per process of a multi-host job)."""
+    max_staleness: int = 0
+    """0: synchronous (each iteration's rollouts use the policy its update starts from). 1:
+    one-step-off-policy: the next iteration's rollouts run on the previous policy while the
+    update runs: the PPO ratio is taken against the trainer's recomputed log-probs
+    (`train.old_logp="recompute"`, forced) and truncated IS corrects for the sampler's
+    (`train.loss.tis_cap`, 2.0 when unset; `train/tis_*` metrics). Each episode records the
+    policy version that sampled it (`rollout/staleness_*`)."""
 
 
 @dataclass(frozen=True)

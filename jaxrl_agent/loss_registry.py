@@ -74,6 +74,10 @@ def _finish(pg: jax.Array, pg_metrics: dict, out, batch, cfg, agg, adv) -> tuple
     extra, reg_metrics = _regularisers(out, batch, cfg, agg)
     loss = pg + extra
     metrics = {**pg_metrics, **reg_metrics, "loss": loss, "adv_mean": L.masked_mean(adv, batch.loss_mask)}
+    w = _is_weights(batch, cfg)
+    if w is not None:  # how far the sampler's policy is from the trainer's (one-step-off rollouts)
+        metrics["tis_weight_mean"] = L.masked_mean(w, batch.loss_mask)
+        metrics["tis_capped_share"] = L.masked_mean((w >= cfg.tis_cap).astype(w.dtype), batch.loss_mask)
     return loss, metrics
 
 

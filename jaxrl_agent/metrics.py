@@ -38,9 +38,15 @@ def _jsonable(v):
 
 class MetricsLogger:
     """Appends one JSON object per `log` call to `<run_dir>/metrics.jsonl` and writes the
-    numeric entries as TensorBoard scalars (tensorboardX) when `tensorboard` is True."""
+    numeric entries as TensorBoard scalars (tensorboardX) when `tensorboard` is True. With
+    `enabled=False` (every process of a multi-host job but the first) it writes nothing and
+    `log` only returns the flattened metrics."""
 
-    def __init__(self, run_dir: str, tensorboard: bool = True):
+    def __init__(self, run_dir: str, tensorboard: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self._file = self._tb = None
+        if not enabled:
+            return
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses no line
@@ -52,6 +58,8 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict) -> dict:
         flat = {k: _jsonable(v) for k, v in flatten(metrics).items()}
+        if not self.enabled:
+            return flat
         self._file.write(json.dumps({"step": int(step), "time": time.time(), **flat}) + "\n")
         if self._tb is not None:
             for k, v in flat.items():
@@ -60,7 +68,8 @@ class MetricsLogger:
         return flat
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -123,11 +123,14 @@ class RewardComposer:
       cfg: the RewardConfig.
       reward_model: anything with `.score(episodes) -> np.ndarray [N]` (a frozen
         `reward_model.RewardModel`); required unless `cfg.source == "verifier"`.
+      gather: on a multi-process job, maps this process's `[n]` array to the `[N]` array of
+        every process's episodes (`multihost.Processes`), so the reward model's running
+        statistics and the metrics are the whole batch's; None: one process.
     Call it on a list of episodes: returns (episodes with the composed `reward` and
     `turn_rewards`, metrics of each component averaged over the episodes).
     """
 
-    def __init__(self, cfg: RewardConfig, reward_model=None):
+    def __init__(self, cfg: RewardConfig, reward_model=None, gather=None):
         if cfg.source not in SOURCES:
             raise ValueError(f"unknown reward source {cfg.source!r}; expected one of {SOURCES}")
         if cfg.source != "verifier" and reward_model is None:
@@ -136,6 +139,7 @@ class RewardComposer:
         if cfg.clip is not None and cfg.clip <= 0:
             raise ValueError(f"rewards.clip must be positive or None, got {cfg.clip}")
         self.cfg, self.reward_model = cfg, reward_model
+        self.gather = gather or (lambda x: x)
         self.stats = RunningMeanStd()
 
     @property
@@ -144,27 +148,29 @@ class RewardComposer:
 
     def __call__(self, episodes: Sequence[Episode]) -> tuple[list[Episode], dict]:
         cfg = self.cfg
-        if not episodes:
+        verifier = np.array([e.reward for e in episodes], np.float64)  # [n], this process's
+        all_verifier = self.gather(verifier)  # [N], the whole batch's
+        if not len(all_verifier):
             return [], {}
-        verifier = np.array([e.reward for e in episodes], np.float64)  # [N]
-        metrics = {"verifier_mean": float(verifier.mean())}
+        metrics = {"verifier_mean": float(all_verifier.mean())}
         total = verifier.copy()
         rm_raw = rm_used = None
         if self.uses_reward_model:
-            rm_raw = np.asarray(self.reward_model.score(episodes), np.float64)  # [N]
-            rm_used = rm_raw
+            rm_raw = np.asarray(self.reward_model.score(episodes), np.float64) if episodes else np.zeros(0)
+            all_raw = self.gather(rm_raw)
+            rm_used, all_used = rm_raw, all_raw
             if cfg.normalize:
-                self.stats.update(rm_raw)  # this batch counts: the first batch is standardised too
-                rm_used = self.stats.normalize(rm_raw)
+                self.stats.update(all_raw)  # this batch counts: the first batch is standardised too
+                rm_used, all_used = self.stats.normalize(rm_raw), self.stats.normalize(all_raw)
             if cfg.clip is not None:
-                rm_used = np.clip(rm_used, -cfg.clip, cfg.clip)
+                rm_used, all_used = np.clip(rm_used, -cfg.clip, cfg.clip), np.clip(all_used, -cfg.clip, cfg.clip)
             if cfg.source == "reward_model":
                 total = cfg.reward_model_weight * rm_used
             else:
                 total = cfg.verifier_weight * verifier + cfg.reward_model_weight * rm_used
-            metrics.update(reward_model_mean=float(rm_raw.mean()), reward_model_std=float(rm_raw.std()),
-                           reward_model_used_mean=float(rm_used.mean()),
-                           reward_model_verifier_corr=_corr(rm_raw, verifier))
+            metrics.update(reward_model_mean=float(all_raw.mean()), reward_model_std=float(all_raw.std()),
+                           reward_model_used_mean=float(all_used.mean()),
+                           reward_model_verifier_corr=_corr(all_raw, all_verifier))
         out, shaping = [], []
         for i, e in enumerate(episodes):
             turns = shaped_turn_rewards(e.info.get("turn_outcomes", []), cfg) if shaping_enabled(cfg) else {}
@@ -174,9 +180,10 @@ class RewardComposer:
                 comps.update(reward_model=float(rm_raw[i]), reward_model_used=float(rm_used[i]))
             out.append(replace(e, reward=float(total[i]), turn_rewards=turns,
                                info={**e.info, "reward_components": comps}))
-        metrics["shaping_mean"] = float(np.mean(shaping))
+        all_shaping = self.gather(np.asarray(shaping, np.float64))
+        metrics["shaping_mean"] = float(np.mean(all_shaping))
         # what the update sees per episode: the outcome total plus every shaped turn reward
-        metrics["total_mean"] = float(np.mean(total + np.asarray(shaping)))
+        metrics["total_mean"] = float(np.mean(self.gather(total) + all_shaping))
         return out, metrics
 
 

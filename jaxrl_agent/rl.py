@@ -10,6 +10,13 @@
         engine.update_params(policy)                                  # no recompilation
         log / evaluate held-out / checkpoint
 
+On a multi-process job (`jax.distributed`) each process rolls out its contiguous share of the
+iteration's tasks on its own engine and sandbox and feeds only its own rows to the train step
+(`multihost.py` says what is split and what is global). With `rl.max_staleness=1` the next
+iteration's rollouts run in a background thread on the previous policy while the update runs
+(one-step-off-policy, as verl / AReaL do); the thread does no cross-process communication, the
+main thread does it all, so the collectives of the rollout and of the update never interleave.
+
 Before training it answers the questions that decide whether RL is worth running (DESIGN §9b):
 is the reward trustworthy (the verifier scores the reference fix 1 and the buggy code 0 on the
 run's own tasks), does the policy explore (pass@k and the share of groups with mixed rewards
@@ -22,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import jax
@@ -39,13 +47,14 @@ from jaxrl_agent.env.verifier import load_checked_tasks, verify
 from jaxrl_agent.evaluation import summarize_episodes
 from jaxrl_agent.loss_registry import LOSSES
 from jaxrl_agent.metrics import MetricsLogger, Timer, progress_bar
+from jaxrl_agent.multihost import Processes, light, merge_stats
 from jaxrl_agent.offline import DataIterator
 from jaxrl_agent.rewards import RewardComposer
 from jaxrl_agent.rollout import collect_episodes, group_signal, trainable
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.train_step import make_optimizer, make_train_step
-from jaxrl_agent.trajectory import collate
+from jaxrl_agent.trajectory import Episode, collate
 
 
 class NoSignalError(RuntimeError):
@@ -80,18 +89,41 @@ def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:
     return {"reference_scores_1": ok_ref / max(n, 1), "buggy_scores_0": ok_bug / max(n, 1), "n": n}
 
 
+def collect_share(procs: Processes, tasks, engine, chat, sandbox, cfg: RolloutConfig, tool_cfg: ToolConfig, *,
+                  seed: int, progress=None, on_episode=None) -> tuple[list[Episode], dict]:
+    """This process's share of `tasks` (`cfg.group_size` episodes each) with the seeds and
+    group ids one process would give them; returns (its episodes, its `RolloutStats` dict).
+    No cross-process communication (safe in the one-step-off rollout thread)."""
+    lo, hi = procs.share(len(tasks))
+    eps, stats = collect_episodes(tasks[lo:hi], engine, chat, sandbox, cfg, tool_cfg, seed=seed + lo * cfg.group_size,
+                                  first_group_id=lo, progress=progress, on_episode=on_episode)
+    return eps, stats.as_dict()
+
+
+def gather_episodes(procs: Processes, episodes: list[Episode], stats: dict) -> tuple[list[Episode], dict]:
+    """Every process's episodes (light copies, no token ids, in task order) and their merged
+    cost; on one process the arguments themselves."""
+    if procs.count == 1:
+        return episodes, stats
+    return procs.concat([light(e) for e in episodes]), merge_stats(procs.allgather(stats))
+
+
 def evaluate(tasks, engine, chat, sandbox, rollout_cfg: RolloutConfig, tool_cfg: ToolConfig, k: int, *,
              seed: int, show_progress: bool = True, description: str = "eval",
-             on_episode=None) -> tuple[dict, list]:
+             on_episode=None, procs: Processes = Processes()) -> tuple[dict, list]:
     """pass@1 / pass@k with Wilson intervals and behaviour statistics on `tasks` (k episodes
-    each); `on_episode(episode)` sees each episode as it ends."""
+    each); `on_episode(episode)` sees each episode as it ends. With `procs` of a multi-process
+    job every process runs its share and the summary covers all; the returned episodes are
+    this process's."""
     cfg = replace(rollout_cfg, group_size=k)
-    with progress_bar(len(tasks) * k, description, enabled=show_progress) as advance:
-        eps, stats = collect_episodes(tasks, engine, chat, sandbox, cfg, tool_cfg, seed=seed, progress=advance,
-                                      on_episode=on_episode)
-    summary = summarize_episodes(eps, k)
-    summary["signal"] = group_signal(eps)
-    summary["cost"] = stats.as_dict()
+    lo, hi = procs.share(len(tasks))
+    with progress_bar((hi - lo) * k, description, enabled=show_progress and procs.is_main) as advance:
+        eps, stats = collect_share(procs, tasks, engine, chat, sandbox, cfg, tool_cfg, seed=seed, progress=advance,
+                                   on_episode=on_episode)
+    every, cost = gather_episodes(procs, eps, stats)
+    summary = summarize_episodes(every, k)
+    summary["signal"] = group_signal(every)
+    summary["cost"] = cost
     return summary, eps
 
 
@@ -134,17 +166,31 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     if not 1 <= rl.tasks_per_iter <= len(train_tasks):
         raise ValueError(f"rl.tasks_per_iter={rl.tasks_per_iter} must be in [1, {len(train_tasks)}], the number of "
                          f"training tasks{f' in {rl.train_file}' if rl.train_file else ''}")
+    if rl.max_staleness not in (0, 1):
+        raise ValueError(f"rl.max_staleness={rl.max_staleness}: 0 (synchronous) and 1 (one-step-off-policy) "
+                         "are supported")
+    if rl.max_staleness:  # stale samples: PPO's ratio against the trainer's policy, IS against the sampler's
+        train = replace(train, old_logp="recompute",
+                        loss=replace(train.loss, tis_cap=2.0 if train.loss.tis_cap is None else train.loss.tis_cap))
+    procs = Processes.current()
+    if rl.tasks_per_iter % procs.count:
+        raise ValueError(f"rl.tasks_per_iter={rl.tasks_per_iter} must be a multiple of the {procs.count} processes "
+                         "(each rolls out whole groups of the same number of tasks)")
     ts = make_train_step(LOSSES[rl.algo], make_optimizer(optim), train, model)
     mult = math.lcm(traj.batch_multiple, sh.batch_size_multiple(ts.mesh))
+    if mult % procs.count:
+        raise ValueError(f"the mesh's data*fsdp={mult} rows must split evenly over {procs.count} processes")
+    mult //= procs.count  # rows of this process
     if not traj.row_buckets:  # one row count per run (dropped episodes become padding rows): one compile
-        rows = rl.tasks_per_iter * rollout.group_size
+        rows = rl.tasks_per_iter * rollout.group_size // procs.count
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
     traj = replace(traj, batch_multiple=mult)
     data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))
     state = ts.init_state(model, seed=rl.seed)
-    composer = RewardComposer(rewards, _reward_model(rewards, reward_model, traj))
+    composer = RewardComposer(rewards, _reward_model(rewards, reward_model, traj),
+                              gather=(lambda x: np.concatenate(procs.allgather(x))) if procs.count > 1 else None)
     start = 0
     if resume and ckpt.latest_step() is not None:
         start = ckpt.latest_step()  # checkpoints are numbered by iteration (an iteration may skip its update)
@@ -153,16 +199,25 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         if "reward_norm" in meta["extra"]:
             composer.stats.load_state_dict(meta["extra"]["reward_norm"])
     engine = SamplingEngine(policy_for_engine(ts, state), sampling)
-    log = MetricsLogger(rl.run_dir)
+    engine_version = int(state.step)  # the update count of the policy the engine samples from
+    log = MetricsLogger(rl.run_dir, enabled=procs.is_main)
     timer = Timer()
     result: dict = {"iterations": []}
+    position = data.position()  # after the last completed iteration's tasks: what a checkpoint stores
 
     def save(it: int) -> None:
         if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
-            ckpt.save(it, state, data_position=data.position(), config=train,
+            ckpt.save(it, state, data_position=position, config=train,
                       extra={"rl": rl, "optim": optim, "rewards": rewards, "reward_norm": composer.stats.state_dict()})
 
+    def rollout_share(tasks, it: int, version: int, progress=None):
+        eps, stats = collect_share(procs, tasks, engine, chat, sandbox, rollout, tools,
+                                   seed=rl.seed * 1_000_003 + it * 10_007, progress=progress)
+        return [replace(e, info={**e.info, "policy_version": version}) for e in eps], stats
+
     last_done = start
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jxa-rollout") if rl.max_staleness else None
+    ahead = None  # (iteration, its tasks' data position, Future of its rollout) sampled one step off
     with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
         try:
             # ---- before training: is RL worth running? ----
@@ -170,13 +225,14 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 result["verifier_check"] = verifier_check(train_tasks, sandbox)
                 probe, probe_eps = evaluate(train_tasks[: rl.tasks_per_iter], engine, chat, sandbox, rollout, tools,
                                             rollout.group_size, seed=rl.seed + 7, show_progress=show_progress,
-                                            description="probe (train tasks)")
-                again, _ = collect_episodes(train_tasks[:1], engine, chat, sandbox, replace(rollout, group_size=1),
-                                            tools, seed=rl.seed + 7)
-                result["repeatable"] = again[0].ids == probe_eps[0].ids
+                                            description="probe (train tasks)", procs=procs)
+                lo = procs.share(rl.tasks_per_iter)[0]  # the same first episode of this process's share
+                again, _ = collect_episodes(train_tasks[lo:lo + 1], engine, chat, sandbox, replace(rollout, group_size=1),
+                                            tools, seed=rl.seed + 7 + lo * rollout.group_size, first_group_id=lo)
+                result["repeatable"] = all(procs.allgather(again[0].ids == probe_eps[0].ids))
                 result["before"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
                                             seed=rl.seed + 11, show_progress=show_progress,
-                                            description="eval before")[0]
+                                            description="eval before", procs=procs)[0]
                 pk = probe.get(f"pass{rollout.group_size}", 0.0)
                 result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk, **probe["signal"]}
                 log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
@@ -190,39 +246,63 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             # ---- the loop ----
             for it in range(start + 1, rl.iterations + 1):
                 with timer("rollout"):
-                    tasks = data.next()
-                    with progress_bar(len(tasks) * rollout.group_size, f"iter {it} rollout", show_progress) as adv:
-                        episodes, rstats = collect_episodes(tasks, engine, chat, sandbox, rollout, tools,
-                                                            seed=rl.seed * 1_000_003 + it * 10_007, progress=adv)
+                    if ahead is not None:  # sampled by the previous policy while its update ran
+                        _, position, future = ahead
+                        local, rstats = future.result()
+                    else:
+                        tasks = data.next()
+                        position = data.position()
+                        n_local = len(range(*procs.share(len(tasks)))) * rollout.group_size
+                        with progress_bar(n_local, f"iter {it} rollout", show_progress and procs.is_main) as adv:
+                            local, rstats = rollout_share(tasks, it, engine_version, adv)
+                    ahead = None
+                    episodes, rstats = gather_episodes(procs, local, rstats)
+                if pool is not None and it < rl.iterations:  # the next rollout overlaps this update
+                    nxt = data.next()
+                    ahead = (it + 1, data.position(), pool.submit(rollout_share, nxt, it + 1, engine_version))
                 if rewards.pairs_out:  # preference data for `rm-train`, from the verifier's outcomes
                     from jaxrl_agent.preference_pairs import pairs_from_groups, save_preference_pairs
 
-                    if pairs := pairs_from_groups(episodes, seed=it):
-                        save_preference_pairs(rewards.pairs_out, pairs, append=True)
+                    if pairs := pairs_from_groups(local, seed=it):  # process p > 0: its own file
+                        path = rewards.pairs_out + (f".process{procs.index}" if procs.index else "")
+                        save_preference_pairs(path, pairs, append=True)
                 with timer("reward"):
-                    scored, reward_metrics = composer(episodes)
+                    scored, reward_metrics = composer(local)
                 kept, dropped = trainable(scored, rollout)
-                if rl.shuffle_rewards and kept:
-                    perm = np.random.default_rng([rl.seed, it]).permutation(len(kept))
-                    permuted = [kept[j].reward for j in perm]  # not `rewards`: that is the RewardConfig
-                    kept = [replace(e, reward=r) for e, r in zip(kept, permuted)]
-                metrics = {"rollout": _rollout_scalars(episodes, rstats), "reward": reward_metrics, "dropped": dropped}
-                if kept:
+                counts = procs.allgather(len(kept))
+                if rl.shuffle_rewards and sum(counts):  # one permutation of the whole batch's rewards
+                    everyone = procs.concat([e.reward for e in kept])  # not `rewards`: that is the RewardConfig
+                    perm = np.random.default_rng([rl.seed, it]).permutation(len(everyone))
+                    mine = perm[sum(counts[: procs.index]):][: len(kept)]
+                    kept = [replace(e, reward=everyone[j]) for e, j in zip(kept, mine)]
+                version = int(state.step)
+                stale = [version - e.info["policy_version"] for e in episodes]
+                metrics = {"rollout": {**_rollout_scalars(episodes, rstats), "staleness_mean": float(np.mean(stale)),
+                                       "staleness_max": int(max(stale))},
+                           "reward": reward_metrics, "dropped": procs.sum(dropped)}
+                if sum(counts):
                     with timer("train"):
-                        batch, _ = collate(kept, traj)
-                        state, tmetrics = ts(state, batch)
-                        metrics["train"] = {k: float(v) for k, v in jax.device_get(tmetrics).items()}
-                        engine.update_params(policy_for_engine(ts, state))
+                        batch = _local_batch(kept, traj, procs)
+                        state, tmetrics = ts(state, sh.shard_local_batch(batch, ts.mesh))
+                        metrics["train"] = {k: float(v.addressable_data(0)) for k, v in tmetrics.items()}  # replicated
+                        policy = policy_for_engine(ts, state)  # a collective: every process, every update
+                if ahead is not None:
+                    with timer("rollout_wait"):  # the engine is the thread's until its rollout ends
+                        ahead[2].exception()
+                if sum(counts):
+                    engine.update_params(policy)
+                    engine_version = int(state.step)
                 if rl.eval_every and it % rl.eval_every == 0 and it != rl.iterations:
                     with timer("eval"):
                         ev = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
-                                      seed=rl.seed + 11, show_progress=show_progress, description=f"eval @ {it}")[0]
+                                      seed=rl.seed + 11, show_progress=show_progress, description=f"eval @ {it}",
+                                      procs=procs)[0]
                     metrics["eval"] = _eval_scalars(ev)
                 metrics["time"] = dict(timer.seconds)
                 result["iterations"].append(log.log(it, metrics))
                 if on_iteration is not None:
                     on_iteration(it, result["iterations"][-1])
-                if show_progress:
+                if show_progress and procs.is_main:
                     r = metrics["rollout"]
                     rm = (f"  rm {reward_metrics['reward_model_mean']:+.3f}" if composer.uses_reward_model else "")
                     print(f"iter {it:3d}  reward {r['reward_mean']:.3f}{rm}  mixed groups {r['mixed_group_share']:.2f}"
@@ -232,16 +312,22 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     save(it)
                 last_done = it
             result["after"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
-                                       seed=rl.seed + 11, show_progress=show_progress, description="eval after")[0]
+                                       seed=rl.seed + 11, show_progress=show_progress, description="eval after",
+                                       procs=procs)[0]
             log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
             save(rl.iterations)
-            export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer)
+            export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer,
+                      write=procs.is_main)
         except KeyboardInterrupt:
+            if ahead is not None:  # let the thread finish with the sandbox before it closes
+                ahead[2].exception()
             if last_done > 0:  # the state as it is, under the last completed iteration's number
                 save(last_done)
             print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
             result["interrupted"] = True
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
             ckpt.close()
             log.close()
     result["state"], result["train_step"] = state, ts
@@ -260,6 +346,17 @@ def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
     return RewardModel(load_reward_model(rewards.reward_model_path), traj, batch_size=rewards.score_batch_size)
 
 
+def _local_batch(kept: list[Episode], traj: TrajectoryConfig, procs: Processes):
+    """This process's rows of the update: every process pads to the same length bucket (the
+    longest episode of all), and one with nothing to train on feeds rows without loss tokens."""
+    if procs.count == 1:
+        return collate(kept, traj)[0]
+    longest = procs.max(max((len(e) for e in kept), default=1))
+    bucket = min([b for b in traj.buckets if b >= longest] or [max(traj.buckets)])
+    fill = kept or [Episode([traj.pad_id], [0], [0.0], [0], group_id=-(1 << 30))]
+    return collate(fill, replace(traj, buckets=(bucket,)))[0]
+
+
 def _eval_scalars(summary: dict) -> dict:
     keep = {k: v for k, v in summary.items() if isinstance(v, (int, float))}
     keep["behaviour"] = {k: v for k, v in summary["behaviour"].items() if not isinstance(v, dict)}
@@ -267,7 +364,7 @@ def _eval_scalars(summary: dict) -> dict:
     return keep
 
 
-def _rollout_scalars(episodes, stats) -> dict:
+def _rollout_scalars(episodes, stats: dict) -> dict:
     beh = [e.info["behaviour"] for e in episodes]
     n = max(len(episodes), 1)
     calls: dict[str, int] = {}
@@ -281,9 +378,9 @@ def _rollout_scalars(episodes, stats) -> dict:
         "tool_calls_per_episode": {k: v / n for k, v in calls.items()},
         "interface_errors_per_episode": sum(b["interface_errors"] for b in beh) / n,
         "tool_errors_per_episode": sum(b["tool_errors"] for b in beh) / n,
-        "terminations": {k: v / n for k, v in stats.terminations.items()},
-        "mean_tokens": stats.tokens_total / n,
-        "sampled_tokens_per_s": stats.as_dict()["sampled_tokens_per_s"],
-        "seconds": {"sampling": stats.seconds_sampling, "tools": stats.seconds_tools,
-                    "verify": stats.seconds_verify, "total": stats.seconds_total},
+        "terminations": {k: v / n for k, v in stats["terminations"].items()},
+        "mean_tokens": stats["tokens_total"] / n,
+        "sampled_tokens_per_s": stats["sampled_tokens_per_s"],
+        "seconds": {"sampling": stats["seconds_sampling"], "tools": stats["seconds_tools"],
+                    "verify": stats["seconds_verify"], "total": stats["seconds_total"]},
     }

@@ -166,6 +166,24 @@ def shard_batch(batch, mesh: Mesh):
     return jax.tree.map(put, batch)
 
 
+def shard_local_batch(batch, mesh: Mesh):
+    """Build the global batch from each process's own rows (NumPy leaves, `B / P` rows here).
+
+    Multi-process RL (`multihost.py`): process p passes rows [p B/P, (p+1) B/P) of the global
+    batch and never holds the others; on one process this is `shard_batch`. Every process
+    must pass the same T and row count. Raises ValueError when the local rows are not a
+    multiple of this process's share of data * fsdp devices.
+    """
+    if jax.process_count() == 1:
+        return shard_batch(batch, mesh)
+    k = batch_size_multiple(mesh) // jax.process_count() or 1
+    sharding = batch_sharding(mesh)
+    for leaf in jax.tree.leaves(batch):
+        if leaf.shape[0] % k:
+            raise ValueError(f"local batch rows {leaf.shape[0]} must be a multiple of data*fsdp / processes={k}")
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
+
+
 # ---- the replication check ----
 def replicated_fraction(shardings: dict, shapes: dict) -> float:
     """Fraction of parameter bytes that are not split over any mesh axis."""

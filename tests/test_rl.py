@@ -11,42 +11,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_agent.config import (SYSTEM_PROMPT, OptimConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
-                                TrajectoryConfig)
-from jaxrl_agent.env.tasks import Task
-from jaxrl_agent.env.tools import ToolConfig, format_tool_call
+import rl_worker
+from jaxrl_agent.config import OptimConfig, RLConfig, TrainConfig
 from jaxrl_agent.model import CausalLM, ModelConfig
-from jaxrl_agent.offline import run_sft
-from jaxrl_agent.rl import NoSignalError, policy_for_engine, train_rl
-from jaxrl_agent.rollout import episode_prompt
-from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder, load_tokenizer
+from jaxrl_agent.rl import NoSignalError, train_rl
+from jaxrl_agent.tokenizer import IM_END, load_tokenizer
 from jaxrl_agent.trajectory import Episode
+from rl_worker import configs, sft_policy
 
 pytestmark = pytest.mark.slow
 
-SOURCE = "def answer():\n    return 42\n"
-TEST = "from answer import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
-
-
-def submit_task(i: int) -> Task:
-    """Already correct: submitting it earns 1; any other first call ends the episode with 0."""
-    return Task(task_id=f"submit-{i}", instruction="The repository is already correct. Submit it.",
-                files={"answer.py": SOURCE}, dev_tests={"test_answer.py": TEST},
-                hidden_tests={"test_hidden_answer.py": TEST}, reference_files={"answer.py": SOURCE},
-                metadata={"template": "submit_only", "split": "custom"})
-
-
-TASKS = [submit_task(i) for i in range(4)]
-TOOLS = ToolConfig(max_turns=1)
-ROLLOUT = RolloutConfig(group_size=8, max_total_tokens=256, max_tokens_per_turn=32)
-SAMPLING = SamplingConfig(max_new_tokens=32, batch_size=16, cache_size=256, prefill_buckets=(256,))
-TRAJ = TrajectoryConfig(buckets=(256,))
+TASKS, TOOLS, ROLLOUT, SAMPLING, TRAJ = configs()
 
 
 def rl_config(tmp_path, **kw) -> RLConfig:
-    base = dict(iterations=2, tasks_per_iter=2, eval_tasks=2, eval_samples=4, eval_every=0, num_train_tasks=4,
-                run_dir=str(tmp_path / "run"), checkpoint_every=1, sandbox_workers=2)
-    return RLConfig(**{**base, **kw})
+    return rl_worker.rl_config(str(tmp_path / "run"), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -56,22 +35,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def sft_model(tok):
-    """A tiny policy that calls `submit` about half the time and `list_files` otherwise."""
-    chat = ChatFormat(tok, tool_style="short")
-    demos = []
-    for i, name in enumerate(["submit", "list_files"] * 8):
-        b = EpisodeBuilder(chat, episode_prompt(TASKS[i % 4], SYSTEM_PROMPT), chat.tool_schemas)
-        ids = tok.encode(format_tool_call(name, {}) + IM_END)
-        b.append_sampled(ids, [0.0] * len(ids))
-        demos.append(Episode.from_builder(b, termination="submitted"))
-    cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=True,
-                      architecture="Qwen2ForCausalLM")
-    model = CausalLM(cfg, rngs=nnx.Rngs(0))
-    state, hist, ts = run_sft(model, demos, train_cfg=TrainConfig(), optim_cfg=OptimConfig(learning_rate=1e-2),
-                              traj_cfg=TRAJ, num_steps=60, batch_size=16)
-    assert hist[-1]["loss"] < 0.1 * hist[0]["loss"]
-    return policy_for_engine(ts, state)
+    return sft_policy(tok)
 
 
 def test_grpo_learns_the_rewarded_call(sft_model, tok, tmp_path):
@@ -205,3 +169,33 @@ def test_render_trajectory_marks_policy_and_masked_tokens(tok):
     styled = {(text.plain[s.start:s.end], str(s.style)) for s in text.spans}
     assert ("<tool_call>", "bold green") in styled and ("ok", "dim") in styled
     assert text.plain == tok.decode(ep.ids)
+
+
+def test_one_step_off_policy_rollouts(sft_model, tok, tmp_path):
+    """`max_staleness=1`: iteration k+1's rollouts run on the policy before update k. With a
+    zero learning rate the policy never changes, so the overlapped loop must sample exactly
+    the synchronous loop's episodes (same tasks, seeds and order); with a real one, episodes
+    after the first iteration are one update old and the IS correction reports on them."""
+    kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
+              eval_tasks=TASKS[:1], show_progress=False)
+    runs = {}
+    for name, stale, lr in (("sync", 0, 0.0), ("stale", 1, 0.0), ("stale_lr", 1, 5e-3)):
+        runs[name] = train_rl(sft_model, tok, rl=rl_config(tmp_path / name, iterations=3, max_staleness=stale),
+                              optim=OptimConfig(learning_rate=lr), **kw)
+    sync, stale, moving = (runs[k]["iterations"] for k in ("sync", "stale", "stale_lr"))
+    for a, b in zip(sync, stale):
+        for key in ("rollout/reward_mean", "rollout/mean_tokens", "rollout/tool_calls_per_episode/submit"):
+            assert a.get(key) == b.get(key), key
+    assert [it["rollout/staleness_max"] for it in sync] == [0, 0, 0]
+    assert [it["rollout/staleness_max"] for it in stale] == [0, 1, 1]
+    assert [it["rollout/staleness_max"] for it in moving] == [0, 1, 1]
+    for a, b in zip(jax.tree.leaves(runs["sync"]["train_step"].policy_params(runs["sync"]["state"])),
+                    jax.tree.leaves(runs["stale"]["train_step"].policy_params(runs["stale"]["state"]))):
+        np.testing.assert_array_equal(a, b)
+    assert "train/tis_weight_mean" in moving[0] and "train/tis_weight_mean" not in sync[0]  # cap 2.0 by default
+    assert moving[0]["train/logp_gap_max"] < 1e-3  # the first batch is on-policy ...
+    assert min(it["train/logp_gap_mean"] for it in moving[1:]) > 10 * moving[0]["train/logp_gap_mean"]  # ... later ones lag
+    assert all(np.isfinite(it["train/tis_weight_mean"]) and it["train/tis_weight_mean"] > 0 for it in moving)
+    assert moving[-1]["time/rollout_wait"] >= 0.0  # the update's wait for the overlapped rollout is timed
+    with pytest.raises(ValueError, match="max_staleness=2"):
+        train_rl(sft_model, tok, rl=rl_config(tmp_path / "bad", max_staleness=2), optim=OptimConfig(), **kw)
