@@ -214,8 +214,11 @@ def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
 
 # ---- eval ----
 def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
+    from jaxrl_agent.multihost import Processes
     from jaxrl_agent.rl import evaluate
     from jaxrl_agent.sampling_engine import SamplingEngine
+
+    procs = Processes.current()  # on N processes each runs its share; process 0 writes the summary
 
     model, tok = load_policy(cfg.policy.path)
     chat = ChatFormat(tok, tool_style="short")
@@ -224,7 +227,8 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
     # Each episode is written as it ends (<out>.episodes.jsonl); a failure late in the run
     # still leaves a summary of the episodes measured before it, marked partial.
     os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.out)), exist_ok=True)
-    done, log = [], open(os.path.splitext(cfg.eval.out)[0] + ".episodes.jsonl", "w")
+    suffix = f".process{procs.index}" if procs.index else ""
+    done, log = [], open(os.path.splitext(cfg.eval.out)[0] + f".episodes{suffix}.jsonl", "w")
 
     def record(ep):
         done.append(ep)
@@ -236,19 +240,21 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
     try:
         with Sandbox(num_workers=2) as sandbox:
             summary, _ = evaluate(eval_tasks_for(cfg.eval, sandbox), engine, chat, sandbox, cfg.rollout, cfg.tools,
-                                  cfg.eval.samples, seed=cfg.eval.seed, show_progress=show_progress, on_episode=record)
+                                  cfg.eval.samples, seed=cfg.eval.seed, show_progress=show_progress, on_episode=record,
+                                  procs=procs)
     except BaseException as e:
         if done:
             from jaxrl_agent.evaluation import summarize_episodes
-            with open(cfg.eval.out, "w") as f:
+            with open(cfg.eval.out + suffix, "w") as f:
                 json.dump({**summarize_episodes(done, 1), "partial": True, "error": repr(e)}, f, indent=2, default=str)
         raise
     finally:
         log.close()
     summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.task_file or cfg.eval.split
-    with open(cfg.eval.out, "w") as f:
-        json.dump(summary, f, indent=2)
-    if show_progress:
+    if procs.is_main:
+        with open(cfg.eval.out, "w") as f:
+            json.dump(summary, f, indent=2)
+    if show_progress and procs.is_main:
         k = cfg.eval.samples
         print(f"{cfg.eval.task_file or cfg.eval.split}: pass@1 {summary['pass1']:.3f} [{summary['pass1_ci_low']:.3f}, "
               f"{summary['pass1_ci_high']:.3f}]  pass@{k} {summary.get(f'pass{k}', float('nan')):.3f}  -> {cfg.eval.out}")
