@@ -203,11 +203,11 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     log = MetricsLogger(rl.run_dir, enabled=procs.is_main)
     timer = Timer()
     result: dict = {"iterations": []}
-    position = data.position()  # after the last completed iteration's tasks: what a checkpoint stores
+    position = done_position = data.position()  # after this / the last completed iteration's tasks
 
-    def save(it: int) -> None:
+    def save(it: int, data_position: dict) -> None:
         if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
-            ckpt.save(it, state, data_position=position, config=train,
+            ckpt.save(it, state, data_position=data_position, config=train,
                       extra={"rl": rl, "optim": optim, "rewards": rewards, "reward_norm": composer.stats.state_dict()})
 
     def rollout_share(tasks, it: int, version: int, progress=None):
@@ -309,20 +309,20 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                           f"  turns {r['mean_turns']:.1f}  loss {metrics.get('train', {}).get('loss', float('nan')):+.4f}"
                           + (f"  held-out pass@1 {metrics['eval']['pass1']:.3f}" if "eval" in metrics else ""))
                 if ckpt.should_save(it):
-                    save(it)
-                last_done = it
+                    save(it, position)
+                last_done, done_position = it, position
             result["after"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
                                        seed=rl.seed + 11, show_progress=show_progress, description="eval after",
                                        procs=procs)[0]
             log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
-            save(rl.iterations)
+            save(rl.iterations, position)
             export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer,
                       write=procs.is_main)
         except KeyboardInterrupt:
             if ahead is not None:  # let the thread finish with the sandbox before it closes
                 ahead[2].exception()
             if last_done > 0:  # the state as it is, under the last completed iteration's number
-                save(last_done)
+                save(last_done, done_position)  # an interrupted iteration's tasks are not skipped
             print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
             result["interrupted"] = True
         finally:
