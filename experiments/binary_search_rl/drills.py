@@ -83,8 +83,9 @@ def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
 def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits: int = 2,
                      tool_style: str = "short") -> Transcript:
     """One drill on `workspace` (a fresh copy of the task's files); see the module docstring."""
-    session = ToolSession(Tools(workspace, sorted(task.dev_tests), None, ToolConfig()), ToolConfig(),
-                          TOOL_SETS[tool_style])
+    # read + change/restore pairs + at most 4 fixes + submit: room past the agent's turn limit
+    cfg = ToolConfig(max_turns=max(ToolConfig().max_turns, 2 * extra_edits + 6))
+    session = ToolSession(Tools(workspace, sorted(task.dev_tests), None, cfg), cfg, TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, "drill")
 
     def act(name: str, **args) -> str:
