@@ -5,14 +5,12 @@ tests/rl_worker.py; every wait is bounded by a timeout."""
 import glob
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import rl_worker
+from multiprocess import launch
 from jaxrl_agent import hf
 from jaxrl_agent.tokenizer import load_tokenizer
 
@@ -20,36 +18,6 @@ pytestmark = pytest.mark.slow
 
 WORKER = os.path.join(os.path.dirname(__file__), "rl_worker.py")
 TIMEOUT_S = 600
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(args: list[str], processes: int = 2) -> list[tuple[int, str]]:
-    port = _free_port()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    procs = []
-    for pid in range(processes):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-                   JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
-                   PYTHONPATH=os.pathsep.join([root, os.path.dirname(WORKER), env.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    results = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            results.append((p.returncode, out))
-    finally:
-        for p in procs:  # never leave a worker behind (a timeout or a failed sibling)
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
 
 
 def test_two_processes_split_the_rollouts_and_match_one_process(tmp_path):
@@ -63,12 +31,11 @@ def test_two_processes_split_the_rollouts_and_match_one_process(tmp_path):
     ref_iters, ref = rl_worker.run_two_iterations(load_policy(policy)[0], tok, str(tmp_path / "one"))
     ref_params = ref["train_step"].host_policy_params(ref["state"])
     out = str(tmp_path / "two")
-    for rc, log in _launch([policy, str(tmp_path / "run2"), out]):
+    for rc, log in launch(WORKER, [policy, str(tmp_path / "run2"), out], timeout_s=TIMEOUT_S):
         assert rc == 0, log[-4000:]
     got = [json.load(open(f"{out}.{p}.json")) for p in range(2)]
     params = dict(np.load(out + ".npz"))
     # every collect_episodes call of a process ran half of the episodes one process runs
-    _, _, rollout, _, _ = rl_worker.configs()
     for g in got:
         assert g["processes"] == 2
         # probe 2 tasks x 8, repeat 1, eval 2 x 4 (first run); 2 x 8 per iteration; eval 2 x 4 after each run
