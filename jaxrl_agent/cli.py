@@ -2,7 +2,7 @@
 
 Commands:
   demo     The main job: a tiny SFT policy's held-out success before and after a short RL
-           run on the bug-fixing tasks, with an example trajectory (pipelines.py).
+           run on the bug-fixing tasks, with an example trajectory (demo.py).
   sft      Expert demonstrations -> SFT of a tiny policy -> HF directory.
   train    RL from an HF policy directory (rl.py), with checkpoints and --resume=true.
   eval     pass@1 / pass@k (Wilson 95% intervals) and behaviour statistics -> JSON.
@@ -139,6 +139,12 @@ def _config(name: str):
     return getattr(pipelines, name)
 
 
+def _demo(name: str):
+    from jaxrl_agent import demo
+
+    return getattr(demo, name)
+
+
 def _rm(name: str):
     from jaxrl_agent import reward_model
 
@@ -147,7 +153,7 @@ def _rm(name: str):
 
 COMMANDS = {
     "bandit": (lambda: BanditRunConfig, cmd_bandit),
-    "demo": (lambda: _config("DemoRunConfig"), _pipeline("demo")),
+    "demo": (lambda: _demo("DemoRunConfig"), lambda cfg: _demo("run_demo_job")(cfg)),
     "sft": (lambda: _config("SFTRunConfig"), _pipeline("sft")),
     "train": (lambda: _config("TrainRunConfig"), _pipeline("train")),
     "eval": (lambda: _config("EvalRunConfig"), _pipeline("eval")),

@@ -1,11 +1,12 @@
-"""HOST: the CLI's jobs (sft, train, eval, demo, export), each a function of frozen configs.
+"""HOST: the CLI's jobs (sft, train, eval, export), each a function of frozen configs, and the
+pieces every job shares (policy loading, the agent's sampling shape, trajectory rendering).
 
     sft     expert demonstrations on training tasks -> SFT of a tiny policy -> HF directory
     train   RL (rl.train_rl) from an HF policy directory
     eval    pass@1 / pass@k + behaviour statistics of a policy on a task split -> JSON
-    demo    a shipped (or freshly SFT'd) tiny policy: held-out success before and after a short
-            RL run, and one example trajectory with masked observation tokens marked
     export  an orbax checkpoint of a run -> an HF directory transformers loads
+
+The `demo` job, built on these, is demo.py.
 """
 from __future__ import annotations
 
@@ -271,40 +272,7 @@ def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
                     rewards=cfg.rewards)
 
 
-# ---- demo ----
-@dataclass(frozen=True)
-class DemoConfig:
-    """`demo`: held-out success before and after a short GRPO run with the study's RL recipe."""
-
-    policy: str = DEMO_POLICY_DIR
-    """SFT policy to start from (the repo ships one; if it is missing a quick SFT makes one)."""
-    iterations: int = 8
-    """RL iterations."""
-    tasks_per_iter: int = 6
-    """Training tasks per iteration (x group_size episodes)."""
-    group_size: int = 8
-    """Episodes per task."""
-    eval_tasks: int = 32
-    """Held-out tasks evaluated before and after (held-out instances, seed + 1)."""
-    eval_samples: int = 4
-    """Episodes per held-out task: 128 episodes, so a gain of about 0.2 has Wilson intervals apart."""
-    learning_rate: float = 2e-4
-    """RL learning rate (AdamW, constant)."""
-    mini_batches: int = 4
-    """Optimizer updates per rollout batch."""
-    kl_coef: float = 0.1
-    """k3 KL penalty to the start policy."""
-    run_dir: str = "runs/demo"
-    """Metrics, checkpoints and the trained policy."""
-    seed: int = 0
-    """Seed of tasks and sampling."""
-
-
-@dataclass(frozen=True)
-class DemoRunConfig:
-    demo: DemoConfig = field(default_factory=DemoConfig)
-
-
+# ---- shared by the demo (demo.py) and the notebooks ----
 def render_trajectory(episode, tokenizer, max_chars: int = 4000):
     """A rich Text of one episode: policy tokens (loss_mask 1) in bold green, observation /
     prompt tokens (loss_mask 0, masked out of the loss) dimmed."""
@@ -327,69 +295,6 @@ def render_trajectory(episode, tokenizer, max_chars: int = 4000):
         if shown >= max_chars:
             break
     return text
-
-
-def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
-    from jaxrl_agent.config import LossConfig
-    from jaxrl_agent.rl import train_rl
-
-    return train_rl(
-        model, tok,
-        rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
-                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=512),
-        rollout=RolloutConfig(group_size=d.group_size),
-        sampling=agent_sampling(),
-        # group advantages need the whole batch: computed once, before the mini-batch split
-        train=TrainConfig(num_mini_batches=d.mini_batches, advantage="grpo" if d.mini_batches > 1 else "loss",
-                          loss=LossConfig(kl_coef=d.kl_coef), use_ref=d.kl_coef > 0),
-        optim=OptimConfig(learning_rate=d.learning_rate),
-        traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
-
-
-def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
-    from rich.console import Console
-
-    from jaxrl_agent.rl import NoSignalError
-
-    d = cfg.demo
-    console = Console()
-    policy = d.policy
-    if not os.path.isdir(policy):
-        console.print(f"[yellow]no policy at {policy}: making one with a quick SFT on expert demonstrations[/]")
-        policy = run_sft_job(SFTRunConfig(sft=SFTConfig(num_tasks=48, steps=200, run_dir=os.path.join(d.run_dir, "sft"),
-                                                        seed=d.seed)), show_progress=show_progress)["policy"]
-    model, tok = load_policy(policy)
-    try:
-        res = _demo_rl(model, tok, d, show_progress)
-    except NoSignalError as e:
-        b = e.result["before"]
-        console.print(f"\nheld-out pass@1 {b['pass1']:.3f}; failure layers {b['behaviour']['failure_layers']}")
-        console.print(f"[bold red]no RL run:[/] {e}")
-        return e.result
-    if "before" not in res or "after" not in res:
-        return res
-    b, a = res["before"], res["after"]
-    k = d.eval_samples
-    apart = a["pass1_ci_low"] > b["pass1_ci_high"] or b["pass1_ci_low"] > a["pass1_ci_high"]
-    ci = lambda e: f"{e['pass1']:.3f} [{e['pass1_ci_low']:.3f}, {e['pass1_ci_high']:.3f}]"  # noqa: E731
-    console.print(f"\nheld-out instances ({d.eval_tasks} tasks x {k} episodes), pass@1 with Wilson 95% intervals:\n"
-                  f"  before RL {ci(b)}\n  after RL  {ci(a)}  ({'apart' if apart else 'overlap: no claim'})\n"
-                  f"  pass@{k} {b.get(f'pass{k}', 0):.3f} -> {a.get(f'pass{k}', 0):.3f}; "
-                  f"failure layers before {b['behaviour']['failure_layers']}, after {a['behaviour']['failure_layers']}")
-    # ---- one example trajectory of the trained policy ----
-    from jaxrl_agent.rl import evaluate, policy_for_engine
-    from jaxrl_agent.sampling_engine import SamplingEngine
-
-    engine = SamplingEngine(policy_for_engine(res["train_step"], res["state"]),
-                            agent_sampling(batch_size=1, stop_token_ids=tuple(tok.stop_ids)))
-    with Sandbox(num_workers=1) as sandbox:
-        _, eps = evaluate([binary_search_task()], engine, ChatFormat(tok, tool_style="short"), sandbox,
-                          RolloutConfig(), ToolConfig(), 1, seed=d.seed, show_progress=False)
-    console.print("\nexample trajectory on the binary-search task "
-                  "([bold green]policy tokens, trained on[/], [dim]prompt / observation tokens, loss-masked[/]):")
-    console.print(render_trajectory(eps[0], tok))
-    console.print(f"reward {eps[0].reward}  termination {eps[0].termination}")
-    return {"before": b, "after": a}
 
 
 # ---- export ----

@@ -149,28 +149,20 @@ class RewardComposer:
     def __call__(self, episodes: Sequence[Episode]) -> tuple[list[Episode], dict]:
         cfg = self.cfg
         verifier = np.array([e.reward for e in episodes], np.float64)  # [n], this process's
-        all_verifier = self.gather(verifier)  # [N], the whole batch's
-        if not len(all_verifier):
-            return [], {}
-        metrics = {"verifier_mean": float(all_verifier.mean())}
         total = verifier.copy()
         rm_raw = rm_used = None
         if self.uses_reward_model:
             rm_raw = np.asarray(self.reward_model.score(episodes), np.float64) if episodes else np.zeros(0)
-            all_raw = self.gather(rm_raw)
-            rm_used, all_used = rm_raw, all_raw
+            rm_used = rm_raw
             if cfg.normalize:
-                self.stats.update(all_raw)  # this batch counts: the first batch is standardised too
-                rm_used, all_used = self.stats.normalize(rm_raw), self.stats.normalize(all_raw)
+                self.stats.update(self.gather(rm_raw))  # the whole batch; it counts: the first is standardised too
+                rm_used = self.stats.normalize(rm_raw)
             if cfg.clip is not None:
-                rm_used, all_used = np.clip(rm_used, -cfg.clip, cfg.clip), np.clip(all_used, -cfg.clip, cfg.clip)
+                rm_used = np.clip(rm_used, -cfg.clip, cfg.clip)
             if cfg.source == "reward_model":
                 total = cfg.reward_model_weight * rm_used
             else:
                 total = cfg.verifier_weight * verifier + cfg.reward_model_weight * rm_used
-            metrics.update(reward_model_mean=float(all_raw.mean()), reward_model_std=float(all_raw.std()),
-                           reward_model_used_mean=float(all_used.mean()),
-                           reward_model_verifier_corr=_corr(all_raw, all_verifier))
         out, shaping = [], []
         for i, e in enumerate(episodes):
             turns = shaped_turn_rewards(e.info.get("turn_outcomes", []), cfg) if shaping_enabled(cfg) else {}
@@ -180,10 +172,19 @@ class RewardComposer:
                 comps.update(reward_model=float(rm_raw[i]), reward_model_used=float(rm_used[i]))
             out.append(replace(e, reward=float(total[i]), turn_rewards=turns,
                                info={**e.info, "reward_components": comps}))
-        all_shaping = self.gather(np.asarray(shaping, np.float64))
-        metrics["shaping_mean"] = float(np.mean(all_shaping))
-        # what the update sees per episode: the outcome total plus every shaped turn reward
-        metrics["total_mean"] = float(np.mean(self.gather(total) + all_shaping))
+        # the metrics are the whole batch's: one gather of every per-episode column [N, 3 or 5]
+        cols = [verifier, total, np.asarray(shaping, np.float64)] + ([rm_raw, rm_used] if rm_raw is not None else [])
+        every = self.gather(np.stack(cols, axis=1).reshape(len(episodes), len(cols)))
+        if not len(every):
+            return [], {}
+        metrics = {"verifier_mean": float(every[:, 0].mean()), "shaping_mean": float(every[:, 2].mean()),
+                   # what the update sees per episode: the outcome total plus every shaped turn reward
+                   "total_mean": float((every[:, 1] + every[:, 2]).mean())}
+        if rm_raw is not None:
+            raw, used = every[:, 3], every[:, 4]
+            metrics.update(reward_model_mean=float(raw.mean()), reward_model_std=float(raw.std()),
+                           reward_model_used_mean=float(used.mean()),
+                           reward_model_verifier_corr=_corr(raw, every[:, 0]))
         return out, metrics
 
 

@@ -217,7 +217,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
 
     last_done = start
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jxa-rollout") if rl.max_staleness else None
-    ahead = None  # (iteration, its tasks' data position, Future of its rollout) sampled one step off
+    ahead = None  # (the next iteration's data position, the Future of its rollout) one step off
     with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
         try:
             # ---- before training: is RL worth running? ----
@@ -247,7 +247,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             for it in range(start + 1, rl.iterations + 1):
                 with timer("rollout"):
                     if ahead is not None:  # sampled by the previous policy while its update ran
-                        _, position, future = ahead
+                        position, future = ahead
                         local, rstats = future.result()
                     else:
                         tasks = data.next()
@@ -259,7 +259,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     episodes, rstats = gather_episodes(procs, local, rstats)
                 if pool is not None and it < rl.iterations:  # the next rollout overlaps this update
                     nxt = data.next()
-                    ahead = (it + 1, data.position(), pool.submit(rollout_share, nxt, it + 1, engine_version))
+                    ahead = (data.position(), pool.submit(rollout_share, nxt, it + 1, engine_version))
                 if rewards.pairs_out:  # preference data for `rm-train`, from the verifier's outcomes
                     from jaxrl_agent.preference_pairs import pairs_from_groups, save_preference_pairs
 
@@ -288,7 +288,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                         policy = policy_for_engine(ts, state)  # a collective: every process, every update
                 if ahead is not None:
                     with timer("rollout_wait"):  # the engine is the thread's until its rollout ends
-                        ahead[2].exception()
+                        ahead[1].exception()
                 if sum(counts):
                     engine.update_params(policy)
                     engine_version = int(state.step)
@@ -320,7 +320,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                       write=procs.is_main)
         except KeyboardInterrupt:
             if ahead is not None:  # let the thread finish with the sandbox before it closes
-                ahead[2].exception()
+                ahead[1].exception()
             if last_done > 0:  # the state as it is, under the last completed iteration's number
                 save(last_done, done_position)  # an interrupted iteration's tasks are not skipped
             print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
