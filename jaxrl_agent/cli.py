@@ -19,7 +19,8 @@ Commands:
            to end and prints the success rate as it rises.
 
 Overrides use dotted names, e.g. `--bandit.algo=rloo --loss.clip_high=0.28`; the resolved
-config is printed at start.
+config is printed at start. `--compile_cache=DIR|off` places or disables JAX's persistent
+compilation cache (compile_cache.py; default: a user cache directory).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 
+from jaxrl_agent.compile_cache import ENV_VAR
+from jaxrl_agent.compile_cache import enable as enable_compile_cache
 from jaxrl_agent.config import LossConfig
 
 
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m jaxrl_agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--compile_cache", default=None, metavar="DIR|off",
+                        help=f"JAX's persistent compilation cache (default: ${{{ENV_VAR}}} or a user cache directory)")
     args, overrides = parser.parse_known_args(argv)
     cfg_cls, fn = COMMANDS[args.command]
     try:
@@ -177,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_agent.rl import NoSignalError
     from jaxrl_agent.sharding import initialize_distributed
 
+    enable_compile_cache(args.compile_cache)  # the second run of a job loads its compiles from disk
     initialize_distributed()  # multi-host only when the launcher's environment asks for it
     try:
         fn(cfg)

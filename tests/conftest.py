@@ -9,6 +9,9 @@ _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Hermetic: no test reads or fills the user's compilation cache (test_compile_cache.py
+# turns it on explicitly, in its own processes).
+os.environ.setdefault("JAXRL_AGENT_COMPILE_CACHE", "off")
 
 import jax  # noqa: E402
 

@@ -21,6 +21,7 @@ import sys
 import time
 
 from jaxrl_agent.cli import apply_overrides
+from jaxrl_agent.compile_cache import enable as enable_compile_cache
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.tokenizer import load_tokenizer
@@ -92,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--ship_demo_policy", default="false", choices=("true", "false"))
+    parser.add_argument("--compile_cache", default=None, metavar="DIR|off",
+                        help="JAX's persistent compilation cache (default: a user cache directory)")
     args, overrides = parser.parse_known_args(argv)
     try:
         cfg = apply_overrides(PRESETS[args.preset], overrides)
     except ValueError as e:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str), flush=True)
+    enable_compile_cache(args.compile_cache)  # every stage's compiles, and a rerun's, from disk
     run_study(cfg, ship_demo_policy=args.ship_demo_policy == "true")
     return 0
 
