@@ -291,6 +291,9 @@ class RLConfig:
     (`train.old_logp="recompute"`, forced) and truncated IS corrects for the sampler's
     (`train.loss.tis_cap`, 2.0 when unset; `train/tis_*` metrics). Each episode records the
     policy version that sampled it (`rollout/staleness_*`)."""
+    precompile: bool = True
+    """Compile the train step for every length bucket in a background thread while the first
+    rollouts run (`TrainStep.precompile`), so the first update does not wait for its compile."""
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         rows = rl.tasks_per_iter * rollout.group_size // procs.count
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
     traj = replace(traj, batch_multiple=mult)
+    if rl.precompile:  # every length bucket, while the probe and the first rollouts run
+        pad = [Episode([traj.pad_id], [0], [0.0], [0])]
+        ts.precompile([collate(pad, replace(traj, buckets=(t,)))[0] for t in sorted(traj.buckets)])
     data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))

@@ -137,6 +137,11 @@ class TrainStep:
       step: the `jax.jit` function `(TrainState, TrainBatch) -> (TrainState, metrics)`.
       grads: jitted `(TrainState, TrainBatch) -> (loss, metrics, grads)` (no update).
       outputs: jitted `(TrainState, TrainBatch) -> PolicyOutputs` of the current policy.
+
+    `precompile(batches)` compiles the step for the batch shapes a run will use, in a background
+    thread, the way `SamplingEngine.warmup` compiles the sampler's buckets: the first update then
+    starts at once instead of compiling after the first rollout, and with the persistent
+    compilation cache (compile_cache.py) the compile is a disk load.
     """
 
     def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation, cfg: TrainConfig,
@@ -175,6 +180,8 @@ class TrainStep:
             ref=self.param_shardings if (cfg.use_ref and not self.lora) else None)
         self.batch_sharding = sh.batch_sharding(self.mesh)
         self._gather_policy = None
+        self._compiled: dict = {}  # batch signature -> Future of the step compiled for it
+        self._compiler = None
         self.replicated = repl
         in_sh = (self.state_shardings, self.batch_sharding)
         self._xla = dict(cfg.compiler_options) or None
@@ -232,10 +239,33 @@ class TrainStep:
         return self._model(params)
 
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
-        """Run the jitted step; a host (NumPy) batch is sharded first."""
+        """Run the jitted step (the precompiled one when `precompile` built this batch's shape);
+        a host (NumPy) batch is sharded first."""
         if not isinstance(batch.tokens, jax.Array):
             batch = sh.shard_batch(batch, self.mesh)
+        future = self._compiled.get(_signature(batch))
+        if future is not None and future.exception() is None:  # waits for a compile in flight
+            return future.result()(state, batch)
         return self.step(state, batch)
+
+    def precompile(self, batches) -> list:
+        """Compile the step, in a background thread, for each host batch's shapes (its rows are
+        this process's, as `sharding.shard_local_batch` takes them); returns the compiles'
+        Futures. A compile that fails leaves that shape to the ordinary jit, which reports the
+        error when such a batch arrives."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._compiler is None:  # one thread: compiles queue behind each other
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="jxa-precompile")
+        state, futures = self.abstract_state(), []
+        for batch in batches:
+            glob = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
+                                                               x.dtype, sharding=self.batch_sharding), batch)
+            key = _signature(glob)
+            if key not in self._compiled:
+                self._compiled[key] = self._compiler.submit(lambda g=glob: self.step.lower(state, g).compile())
+            futures.append(self._compiled[key])
+        return futures
 
     # ---- pure pieces (traced inside the jits) ----
     def _policy(self, trainable, frozen) -> dict:
@@ -356,6 +386,11 @@ class TrainStep:
         metrics["num_updates"] = jnp.asarray(order.shape[0], jnp.int32)
         new = state.replace(params=params, opt_state=opt_state, step=state.step + 1, rng=rng)
         return new, metrics
+
+
+def _signature(batch) -> tuple:
+    """What a compiled step is specialised to: the batch's tree and its leaves' shapes and dtypes."""
+    return jax.tree.structure(batch), tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch))
 
 
 def _gap_metrics(logp: jax.Array, batch: TrainBatch) -> dict:

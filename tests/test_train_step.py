@@ -144,6 +144,27 @@ def test_epochs_and_mini_batches(model, batch, mesh1):
         bad(bad.init_state(model), batch)
 
 
+# ---- precompiled buckets ----
+def test_precompiled_step_is_the_jitted_step(model, batch, mesh1):
+    """`precompile` (in its thread) builds the executable the first update runs, before the batch
+    exists; it computes exactly what the lazily compiled step does, and a shape it was not
+    given still goes to the ordinary jit."""
+    cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(), mesh=ONE, num_mini_batches=2, advantage="grpo")
+    lazy, early = _step("grpo", cfg, model, mesh1), _step("grpo", cfg, model, mesh1)
+    pad = collate(tw.random_episodes(1, seed=0), TrajectoryConfig(buckets=(32,), row_buckets=(8,)))[0]
+    (future,) = early.precompile([pad])
+    assert early.precompile([pad]) == [future]  # one compile per shape
+    s_lazy, m_lazy = lazy(lazy.init_state(model, seed=2), batch)
+    s_early, m_early = early(early.init_state(model, seed=2), batch)
+    assert future.done() and future.exception() is None
+    assert early.step._cache_size() == 0  # the first update never went through the lazy jit
+    _close(m_lazy, m_early, atol=0)
+    _close(s_lazy.params, s_early.params, atol=0)
+    other, _ = collate(tw.random_episodes(8, seed=6), TrajectoryConfig(buckets=(48,)))
+    early(s_early, other)
+    assert early.step._cache_size() == 1
+
+
 # ---- LoRA ----
 def test_lora_trains_adapters_only_and_base_is_the_reference(model, batch, mesh1):
     cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(kl_coef=0.1), mesh=ONE, use_ref=True,
