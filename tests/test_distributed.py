@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import trainer_worker as tw
-from multiprocess import launch
+from process_launcher import launch
 from jaxrl_agent import sharding as sh
 from jaxrl_agent.config import MeshConfig, TrajectoryConfig
 from jaxrl_agent.loss_registry import LOSSES

@@ -154,7 +154,7 @@ def test_static_commands_name_what_exists():
 
     # multi-host: the variables are the ones sharding.initialize_distributed reads; what it does
     # with them is tests/test_distributed.py and tests/test_rl_distributed.py (two real
-    # processes, launched by tests/multiprocess.py) and tests/test_sharding.py.
+    # processes, launched by tests/process_launcher.py) and tests/test_sharding.py.
     import inspect
 
     from jaxrl_agent import sharding
@@ -163,10 +163,10 @@ def test_static_commands_name_what_exists():
     for var in re.findall(r"\b([A-Z_]+)=", MULTI_HOST):
         assert f'"{var}"' in src, var
     test_src = open(os.path.join(ROOT, "tests", "test_distributed.py")).read()
-    assert "def test_two_processes_match_one_process" in test_src and "from multiprocess import launch" in test_src
+    assert "def test_two_processes_match_one_process" in test_src and "from process_launcher import launch" in test_src
     rl_src = open(os.path.join(ROOT, "tests", "test_rl_distributed.py")).read()
     assert "def test_two_processes_split_the_rollouts_and_match_one_process" in rl_src
-    assert "JAX_COORDINATOR_ADDRESS" in open(os.path.join(ROOT, "tests", "multiprocess.py")).read()
+    assert "JAX_COORDINATOR_ADDRESS" in open(os.path.join(ROOT, "tests", "process_launcher.py")).read()
 
 
 # ---- the study (issue 8) ----

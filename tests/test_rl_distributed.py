@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rl_worker
-from multiprocess import launch
+from process_launcher import launch
 from jaxrl_agent import hf
 from jaxrl_agent.tokenizer import load_tokenizer
 
