@@ -1,0 +1,25 @@
+"""benchmarks/bench_vs_trl.py at toy sizes: both sides run the same prompt ids on the same
+weights (the checks the benchmark's ratios stand on), and every figure it reports exists."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_tiny_iteration_side_by_side(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_vs_trl", os.path.join(ROOT, "benchmarks", "bench_vs_trl.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "vs_trl.json"
+    res = bench.main(["--prompts=2", "--group=2", "--new=8", "--iterations=1", "--threads=1", f"--out={out}"])
+    assert json.loads(out.read_text())["trl_best"] == "threads_1"
+    assert res["logp_max_abs_diff"] < 1e-4  # our sampler's log-probs are transformers' on the same weights
+    assert res["trl"]["threads_1"]["prompt_ids_equal"]
+    assert len(res["passes"][0]["rows"]) == 2 and all("ours" in r and "trl" in r for r in res["passes"][0]["rows"])
+    for side in (res["ours"], res["trl"]["threads_1"]):
+        assert side["s"] > 0 and side["generation_s"] > 0 and side["update_s"] > 0 and side["new_tokens_per_s"] > 0
+    assert set(res["speedup_vs_trl_best"]) == {"s", "generation_s", "update_s"}
