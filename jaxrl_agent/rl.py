@@ -329,6 +329,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             print(f"interrupted: checkpoint saved in {ckpt.cfg.directory}; rerun with --resume to continue")
             result["interrupted"] = True
         finally:
+            ts.stop_precompiling()  # buckets never reached are not compiled on the way out
             if pool is not None:
                 pool.shutdown(wait=True)
             ckpt.close()

@@ -244,7 +244,7 @@ class TrainStep:
         if not isinstance(batch.tokens, jax.Array):
             batch = sh.shard_batch(batch, self.mesh)
         future = self._compiled.get(_signature(batch))
-        if future is not None and future.exception() is None:  # waits for a compile in flight
+        if future is not None and not future.cancelled() and future.exception() is None:  # waits if in flight
             return future.result()(state, batch)
         return self.step(state, batch)
 
@@ -266,6 +266,14 @@ class TrainStep:
                 self._compiled[key] = self._compiler.submit(lambda g=glob: self.step.lower(state, g).compile())
             futures.append(self._compiled[key])
         return futures
+
+    def stop_precompiling(self) -> None:
+        """Drop the compiles not started yet: a run that ends early (no signal, Ctrl-C) does not
+        wait for them at exit. At most the one in flight finishes."""
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
+            self._compiler = None
+            self._compiled = {k: f for k, f in self._compiled.items() if not f.cancelled()}
 
     # ---- pure pieces (traced inside the jits) ----
     def _policy(self, trainable, frozen) -> dict:

@@ -23,3 +23,24 @@ def test_tiny_iteration_side_by_side(tmp_path):
     for side in (res["ours"], res["trl"]["threads_1"]):
         assert side["s"] > 0 and side["generation_s"] > 0 and side["update_s"] > 0 and side["new_tokens_per_s"] > 0
     assert set(res["speedup_vs_trl_best"]) == {"s", "generation_s", "update_s"}
+
+
+@pytest.mark.slow
+def test_tiny_agent_iteration_side_by_side(tmp_path):
+    """The multi-turn workload: TRL's `rollout_func` runs our episode loop (tools, sandbox,
+    verifier) on `TorchEngine`; both sides return whole episodes with their figures."""
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_vs_trl_agent",
+                                                  os.path.join(ROOT, "benchmarks", "bench_vs_trl_agent.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.main(["--tasks=1", "--group=2", "--iterations=1", "--threads=1", f"--out={tmp_path / 'a.json'}"])
+    rows = res["passes"][0]["rows"]
+    assert len(rows) == 2
+    for r in rows:
+        for side in ("ours", "trl"):
+            assert r[side]["turns"] >= 1 and r[side]["tokens"] > r[side]["new_tokens"] > 0
+            assert 0.0 <= r[side]["success"] <= 1.0
+    assert set(res["speedup_vs_trl_best"]) == {"s", "generation_s", "update_s"}

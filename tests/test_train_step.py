@@ -163,6 +163,11 @@ def test_precompiled_step_is_the_jitted_step(model, batch, mesh1):
     other, _ = collate(tw.random_episodes(8, seed=6), TrajectoryConfig(buckets=(48,)))
     early(s_early, other)
     assert early.step._cache_size() == 1
+    # a run that stops early drops the compiles not yet started; their shapes go to the jit
+    queued = early.precompile([collate(tw.random_episodes(1), TrajectoryConfig(buckets=(t,), row_buckets=(8,)))[0]
+                               for t in (64, 80, 96)])
+    early.stop_precompiling()
+    assert queued[-1].cancelled() and len(early._compiled) == 1 + sum(not f.cancelled() for f in queued)
 
 
 # ---- LoRA ----

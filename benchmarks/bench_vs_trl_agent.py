@@ -1,0 +1,278 @@
+"""The multi-turn agent GRPO iteration side by side: ours (`rollout.collect_episodes` on the
+sampling engine, one sharded update) against TRL 1.16 `GRPOTrainer` driven through its
+`rollout_func`, both on the project's own tools, sandbox and verifier, in one process.
+
+    python benchmarks/bench_vs_trl_agent.py [--iterations=2]   -> benchmarks/results/vs_trl_agent.json
+
+Both sides run the same episodes' loop, `rollout.collect_episodes`: `--tasks` bug-fixing tasks
+x `--group` episodes, up to 12 turns and 1024 tokens each, the tools in a sandbox, the verifier's
+reward. Only the engine differs. Ours is `SamplingEngine` (KV cache kept across turns, only the
+new observation prefilled). TRL's side is `TorchEngine` below: each turn,
+`transformers.generate` runs on the whole conversation so far, batched over the rows that are
+ready (what TRL's own tool loop does). `rollout_func` hands TRL the episodes with their sampler
+log-probs, `env_mask` (observation tokens 0) and the verifier's reward. The update is the
+single-turn benchmark's: token-mean GRPO, clip 0.2, AdamW, no KL, float32
+(`bench_vs_trl.py`, whose interleaving and thread settings this reuses).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_vs_trl as single  # noqa: E402
+
+MAX_TOTAL = 1024
+
+
+class TorchTurn:
+    """The slice of `sampling_engine.TurnResult` that `collect_episodes` reads."""
+
+    def __init__(self, out: dict, finish: dict):
+        self._out, self.finish_reason = out, finish
+
+    def row(self, r: int):
+        ids, logp = self._out[r]
+        return ids, logp, logp
+
+
+class TorchEngine:
+    """A `SamplingEngine` stand-in on a transformers model: rows hold conversations, and every
+    turn re-runs `generate` over each ready row's whole conversation (left-padded batch)."""
+
+    def __init__(self, model, config, pad_id: int):
+        self.model, self.config, self.pad = model, config, pad_id
+        self.rows: dict[int, list[int]] = {}
+
+    def free_rows(self) -> list[int]:
+        return [r for r in range(self.config.batch_size) if r not in self.rows]
+
+    def start_episode(self, row: int, ids, seed: int | None = None) -> None:
+        self.rows[row] = list(ids)
+
+    def append(self, row: int, ids) -> None:
+        self.rows[row].extend(int(i) for i in ids)
+
+    def end_episode(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def sample_turn(self, rows, max_new_tokens: int) -> TorchTurn:
+        import torch
+
+        rows = list(rows)
+        seqs = [self.rows[r] for r in rows]
+        room = [self.config.cache_size - len(s) for s in seqs]
+        new = max(1, min(max_new_tokens, max(room)))
+        width = max(map(len, seqs))
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+        stops = list(self.config.stop_token_ids)
+        with torch.inference_mode():
+            gen = self.model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                      max_new_tokens=new, eos_token_id=stops, pad_token_id=self.pad,
+                                      output_scores=True, return_dict_in_generate=True)
+        seq = gen.sequences[:, width:]
+        logp = torch.stack([torch.log_softmax(s.float(), -1) for s in gen.scores], 1)  # [R, n, V]
+        picked = logp.gather(-1, seq[:, : logp.shape[1], None])[..., 0]
+        out, finish = {}, {}
+        for i, r in enumerate(rows):
+            toks = seq[i].tolist()
+            end = next((k + 1 for k, t in enumerate(toks) if t in stops), len(toks))
+            reason = "stop" if end <= len(toks) and toks[end - 1] in stops else "length"
+            if end > room[i]:
+                end, reason = max(room[i], 0), "cache_full"
+            out[r] = (toks[:end], picked[i, :end].tolist())
+            finish[r] = reason
+        return TorchTurn(out, finish)
+
+
+class Agent:
+    """The shared pieces: tasks, chat format, sandbox, and one `collect_episodes` call."""
+
+    def __init__(self, policy: str, tasks: int, sandbox):
+        from jaxrl_agent.env.tasks import generate_tasks
+        from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+
+        self.tok = load_tokenizer(policy)
+        self.chat = ChatFormat(self.tok, tool_style="short")
+        self.tasks = generate_tasks("train", tasks, seed=0)
+        self.sandbox = sandbox
+        self.prompts, _ = single.task_prompts(self.tok, tasks)
+        self.by_prompt = dict(zip(self.prompts, self.tasks))
+
+    def rollout(self, tasks, engine, group: int, seed: int):
+        from jaxrl_agent.config import RolloutConfig
+        from jaxrl_agent.rollout import collect_episodes
+
+        return collect_episodes(tasks, engine, self.chat, self.sandbox,
+                                RolloutConfig(group_size=group, max_total_tokens=MAX_TOTAL), seed=seed)
+
+
+class OursAgent:
+    """Our multi-turn iteration: G episodes per task on the engine, collate, one update."""
+
+    def __init__(self, agent: Agent, args):
+        from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig, TrajectoryConfig
+        from jaxrl_agent.loss_registry import LOSSES
+        from jaxrl_agent.pipelines import agent_sampling, load_policy
+        from jaxrl_agent.rl import policy_for_engine
+        from jaxrl_agent.sampling_engine import SamplingEngine
+        from jaxrl_agent.train_step import make_optimizer, make_train_step
+
+        self.agent, self.group = agent, args.group
+        model, tok = load_policy(args.policy)
+        self.ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=args.lr)),
+                                  TrainConfig(loss=LossConfig(agg="token-mean", kl_coef=0.0)), model)
+        self.state = self.ts.init_state(model, seed=0)
+        self.traj = TrajectoryConfig(buckets=tuple(range(128, MAX_TOTAL + 128, 128)),
+                                     batch_multiple=self.ts.mesh.devices.size)
+        sampling = agent_sampling(stop_token_ids=tuple(tok.stop_ids))
+        sampling = replace(sampling, cache_size=MAX_TOTAL,
+                           prefill_buckets=tuple(b for b in sampling.prefill_buckets if b <= MAX_TOTAL))
+        self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), sampling)
+        self.engine.warmup()  # every prefill / decode bucket, and every train-step length bucket:
+        from jaxrl_agent.trajectory import Episode, collate  # the timed iterations compile nothing
+
+        rows = -(-args.tasks * args.group // self.traj.batch_multiple) * self.traj.batch_multiple
+        pad = [Episode([tok.pad_id], [0], [0.0], [0])]
+        for f in self.ts.precompile([collate(pad, replace(self.traj, buckets=(t,), row_buckets=(rows,)))[0]
+                                     for t in self.traj.buckets]):
+            f.result()
+        self._refresh = lambda: self.engine.update_params(policy_for_engine(self.ts, self.state))
+        self.iteration = 0
+
+    def step(self) -> dict:
+        from jaxrl_agent.trajectory import collate
+
+        t0 = time.perf_counter()
+        eps, _ = self.agent.rollout(self.agent.tasks, self.engine, self.group, seed=1000 * self.iteration)
+        t1 = time.perf_counter()
+        self.state, metrics = self.ts(self.state, collate(eps, self.traj)[0])
+        self._refresh()
+        float(metrics["loss"])
+        t2 = time.perf_counter()
+        self.iteration += 1
+        return _row(eps, t2 - t0, t1 - t0, t2 - t1)
+
+
+def _row(eps, s: float, gen_s: float, update_s: float) -> dict:
+    policy = sum(int(np.sum(e.loss_mask)) for e in eps)
+    return {"s": s, "generation_s": gen_s, "update_s": update_s, "new_tokens": policy,
+            "tokens": sum(len(e) for e in eps), "success": float(np.mean([e.reward for e in eps])),
+            "turns": float(np.mean([max(e.turn_id) + 1 for e in eps]))}
+
+
+def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent) -> dict:
+    """`GRPOTrainer.train()` with a `rollout_func` running our episode loop on `TorchEngine`;
+    one of our iterations after each of its steps."""
+    import torch
+    import transformers
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from jaxrl_agent.pipelines import agent_sampling
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.policy, dtype=torch.float32)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(args.policy)
+    rows, gen = [], {"s": 0.0, "eps": []}
+    sampling = replace(agent_sampling(stop_token_ids=tuple(agent.tok.stop_ids)), cache_size=MAX_TOTAL)
+
+    def rollout_func(prompts, trainer):
+        g0 = time.perf_counter()
+        engine = TorchEngine(trainer.model, sampling, hf_tok.pad_token_id)
+        trainer.model.eval()
+        eps, _ = agent.rollout([agent.by_prompt[p] for p in prompts], engine, 1, seed=10_000 + len(rows))
+        trainer.model.train()
+        gen["s"], gen["eps"] = time.perf_counter() - g0, eps
+        cut = [len(agent.chat.tokenizer.encode(p)) for p in prompts]
+        return {"prompt_ids": [e.ids[:c] for e, c in zip(eps, cut)],
+                "completion_ids": [e.ids[c:] for e, c in zip(eps, cut)],
+                "logprobs": [e.sampler_logp[c:] for e, c in zip(eps, cut)],
+                "env_mask": [e.loss_mask[c:] for e, c in zip(eps, cut)],
+                "verifier_reward": [float(e.reward) for e in eps]}
+
+    def reward(completions, verifier_reward=None, **kw):
+        return list(verifier_reward)
+
+    n = len(agent.prompts)
+    cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=n * args.group,
+                     num_generations=args.group, max_completion_length=MAX_TOTAL, temperature=1.0, top_p=1.0,
+                     top_k=0, beta=0.0, epsilon=0.2, loss_type="dapo", num_iterations=1, learning_rate=args.lr,
+                     lr_scheduler_type="constant", max_grad_norm=1e9, weight_decay=0.0, max_steps=args.iterations + 1,
+                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, bf16=False,
+                     gradient_checkpointing=False, seed=0, shuffle_dataset=False, log_completions=False)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=cfg, processing_class=hf_tok,
+                          train_dataset=Dataset.from_dict({"prompt": agent.prompts * (args.iterations + 2)}),
+                          rollout_func=rollout_func)
+    built = time.perf_counter() - t0
+    clock = {}
+
+    class Interleave(transformers.TrainerCallback):
+        def on_step_begin(self, *a, **kw):
+            clock["start"] = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            s = time.perf_counter() - clock["start"]
+            rows.append({"trl": _row(gen["eps"], s, gen["s"], s - gen["s"]), "ours": ours.step()})
+
+    trainer.add_callback(Interleave())
+    trainer.train()
+    return {"threads": threads, "build_s": built, "first_iteration_s": built + rows[0]["trl"]["s"], "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default=single.POLICY)
+    ap.add_argument("--tasks", type=int, default=6)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=2, help="timed iterations per TRL pass (after one warm-up)")
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--threads", default="default,1")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "vs_trl_agent.json"))
+    args = ap.parse_args(argv)
+    import torch
+
+    from jaxrl_agent.env.sandbox import Sandbox
+
+    with Sandbox(num_workers=2) as sandbox:
+        agent = Agent(args.policy, args.tasks, sandbox)
+        t0 = time.perf_counter()
+        ours = OursAgent(agent, args)
+        ours.step()
+        first = time.perf_counter() - t0
+        passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours)
+                  for th in args.threads.split(",")]
+    res = {"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first, "passes": passes,
+           "ours": single.steady([r for p in passes for r in p["rows"]], "ours"), "trl": {}}
+    for p in passes:
+        res["trl"][f"threads_{p['threads']}"] = {**single.steady(p["rows"], "trl"),
+                                                 "first_iteration_s": p["first_iteration_s"]}
+    best = min(res["trl"], key=lambda k: res["trl"][k]["s"])
+    res["trl_best"] = best
+    res["speedup_vs_trl_best"] = {k: res["trl"][best][k] / res["ours"][k] for k in ("s", "generation_s", "update_s")}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(json.dumps({k: res[k] for k in ("ours", "trl", "speedup_vs_trl_best", "ours_first_iteration_s")}, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    from jaxrl_agent.malloc_env import reexec_with_tcmalloc
+
+    reexec_with_tcmalloc()
+    main()
