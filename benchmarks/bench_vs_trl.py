@@ -247,22 +247,27 @@ def main(argv: list[str] | None = None) -> dict:
         n = torch.get_num_threads() if th == "default" else int(th)
         passes.append(trl_pass(args.policy, args, texts, prompt_ids, n, ours, ours_first))
         print(f"TRL at {n} threads: {steady(passes[-1]['rows'], 'trl')}", flush=True)
-    ours_rows = [r for p in passes for r in p["rows"]]
     res = {"config": vars(args), "cpus": os.cpu_count(), "logp_max_abs_diff": gap,
-           "prompt_tokens_mean": float(np.mean([len(p) for p in prompt_ids])), "ours": steady(ours_rows, "ours"),
-           "ours_first_iteration_s": ours_first["first_iteration_s"], "trl": {}, "passes": passes}
+           "prompt_tokens_mean": float(np.mean([len(p) for p in prompt_ids])),
+           "ours_first_iteration_s": ours_first["first_iteration_s"]}
+    return report(res, passes, args.out, extra=("prompt_ids_equal",), show=("logp_max_abs_diff",))
+
+
+def report(res: dict, passes: list[dict], out: str, extra: tuple = (), show: tuple = ()) -> dict:
+    """Steady-state figures of both sides, TRL per thread setting (plus each pass's `extra`
+    keys), the ratios against TRL's faster setting; written to `out` and printed."""
+    res = {**res, "passes": passes, "ours": steady([r for p in passes for r in p["rows"]], "ours"), "trl": {}}
     for p in passes:
         res["trl"][f"threads_{p['threads']}"] = {**steady(p["rows"], "trl"),
-                                                 "first_iteration_s": p["first_iteration_s"],
-                                                 "prompt_ids_equal": p["prompt_ids_equal"]}
+                                                 "first_iteration_s": p["first_iteration_s"], **{k: p[k] for k in extra}}
     best = min(res["trl"], key=lambda k: res["trl"][k]["s"])
     res["trl_best"] = best
     res["speedup_vs_trl_best"] = {k: res["trl"][best][k] / res["ours"][k] for k in ("s", "generation_s", "update_s")}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(res, f, indent=2)
-    print(json.dumps({k: res[k] for k in ("logp_max_abs_diff", "ours", "trl", "speedup_vs_trl_best",
-                                          "ours_first_iteration_s")}, indent=2))
+    print(json.dumps({k: res[k] for k in (*show, "ours", "trl", "speedup_vs_trl_best", "ours_first_iteration_s")},
+                     indent=2))
     return res
 
 

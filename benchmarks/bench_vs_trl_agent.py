@@ -17,7 +17,6 @@ single-turn benchmark's: token-mean GRPO, clip 0.2, AdamW, no KL, float32
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -256,19 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         first = time.perf_counter() - t0
         passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours)
                   for th in args.threads.split(",")]
-    res = {"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first, "passes": passes,
-           "ours": single.steady([r for p in passes for r in p["rows"]], "ours"), "trl": {}}
-    for p in passes:
-        res["trl"][f"threads_{p['threads']}"] = {**single.steady(p["rows"], "trl"),
-                                                 "first_iteration_s": p["first_iteration_s"]}
-    best = min(res["trl"], key=lambda k: res["trl"][k]["s"])
-    res["trl_best"] = best
-    res["speedup_vs_trl_best"] = {k: res["trl"][best][k] / res["ours"][k] for k in ("s", "generation_s", "update_s")}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(json.dumps({k: res[k] for k in ("ours", "trl", "speedup_vs_trl_best", "ours_first_iteration_s")}, indent=2))
-    return res
+    return single.report({"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first},
+                         passes, args.out)
 
 
 if __name__ == "__main__":
