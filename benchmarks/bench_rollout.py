@@ -18,7 +18,14 @@ tasks and seeds, alternated repeat by repeat:
 - `row_flush_t0.05_rows16`: plus 16 engine rows (the study's setting now);
 - `row_flush_t0.05_rows16_in_process_verify`: the same with verify's former hidden-test run
   (tests in the code's own process), so `judge_cost` = judge seconds / in-process seconds
-  is what the judge process costs one RL iteration's rollout.
+  is what the judge process costs one RL iteration's rollout;
+- `row_flush_t0.05_rows16_chunk16`: the rollout now (`RolloutConfig.decode_chunk=16`): rows
+  decode 16 steps per engine call and a row whose turn ended goes to its tools at once,
+  instead of every row of a turn waiting for the longest one (the settings above decode
+  whole turns, `decode_chunk=0`);
+- `row_flush_t0.05_rows16_chunk16_shared`: the rollout now, plus prompt prefixes copied from
+  a row's cache (`SamplingConfig.share_prefix_min=32`: a group's 8 episodes share their
+  prompt, all episodes the system prompt) instead of prefilled (the settings above: 0).
 
 Episodes differ between the two limits only where a test timed out (its message quotes the
 limit). Prints seconds per rollout, where the time went and each ratio to the first setting;
@@ -31,6 +38,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -45,12 +53,15 @@ from jaxrl_agent.rollout import collect_episodes
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat
 
-SETTINGS = {  # name: (flush, test CPU limit s, engine rows, verify's hidden-test run)
-    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32, "judge"),
-    "row_flush_t0.5_rows32": ("rows", 0.5, 32, "judge"),
-    "row_flush_t0.05_rows32": ("rows", 0.05, 32, "judge"),
-    "row_flush_t0.05_rows16": ("rows", 0.05, 16, "judge"),
-    "row_flush_t0.05_rows16_in_process_verify": ("rows", 0.05, 16, "in_process"),
+SETTINGS = {  # name: (flush, test CPU limit s, engine rows, verify's hidden-test run, decode chunk,
+    #                 shared prompt prefixes)
+    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32, "judge", 0, False),
+    "row_flush_t0.5_rows32": ("rows", 0.5, 32, "judge", 0, False),
+    "row_flush_t0.05_rows32": ("rows", 0.05, 32, "judge", 0, False),
+    "row_flush_t0.05_rows16": ("rows", 0.05, 16, "judge", 0, False),
+    "row_flush_t0.05_rows16_in_process_verify": ("rows", 0.05, 16, "in_process", 0, False),
+    "row_flush_t0.05_rows16_chunk16": ("rows", 0.05, 16, "judge", 16, False),
+    "row_flush_t0.05_rows16_chunk16_shared": ("rows", 0.05, 16, "judge", 16, True),
 }
 
 
@@ -106,8 +117,9 @@ def main() -> None:
     tasks = generate_tasks("train", args.tasks, 123)
     rollout = RolloutConfig(group_size=args.group)
     engines = {}
-    for name, (flush, _, rows, _) in settings.items():
-        eng = SamplingEngine(model, agent_sampling(batch_size=rows, stop_token_ids=tuple(tok.stop_ids), seed=0))
+    for name, (flush, _, rows, _, _, shared) in settings.items():
+        eng = SamplingEngine(model, agent_sampling(batch_size=rows, stop_token_ids=tuple(tok.stop_ids), seed=0,
+                                                   share_prefix_min=32 if shared else 0))
         if flush == "whole_batch":
             eng.flush = (lambda e: lambda: whole_batch_flush(e))(eng)
         engines[name] = eng
@@ -123,18 +135,21 @@ def main() -> None:
         for name, eng in engines.items():  # compile every shape and warm the sandbox once
             eng.warmup()
             use_verify(name)
-            collect_episodes(tasks[:1], eng, chat, sandbox, RolloutConfig(group_size=2),
+            collect_episodes(tasks[:1], eng, chat, sandbox, replace(rollout, group_size=2, decode_chunk=settings[name][4]),
                              ToolConfig(test_timeout_s=settings[name][1]), seed=1)
         for rep in range(args.repeats):
             names = list(settings) if rep % 2 == 0 else list(settings)[::-1]
             for name in names:
                 use_verify(name)
-                t0 = time.perf_counter()
-                eps, stats = collect_episodes(tasks, engines[name], chat, sandbox, rollout,
+                t0, steps0, prefilled0 = time.perf_counter(), engines[name].decode_steps, engines[name].tokens_prefilled
+                eps, stats = collect_episodes(tasks, engines[name], chat, sandbox,
+                                              replace(rollout, decode_chunk=settings[name][4]),
                                               ToolConfig(test_timeout_s=settings[name][1]), seed=7)
                 seconds[name].append(time.perf_counter() - t0)
                 parts[name].append({"sampling_s": stats.seconds_sampling, "tools_s_summed": stats.seconds_tools,
                                     "verify_s_summed": stats.seconds_verify, "tokens_sampled": stats.tokens_sampled,
+                                    "decode_steps": engines[name].decode_steps - steps0,
+                                    "tokens_prefilled": engines[name].tokens_prefilled - prefilled0, "engine_calls": stats.engine_calls,
                                     "success": float(np.mean([e.reward for e in eps]))})
     verifier._run_hidden = judged_run
     med = {k: float(np.median(v)) for k, v in seconds.items()}

@@ -35,7 +35,7 @@ MAX_TOTAL = 1024
 class TorchTurn:
     """The slice of `sampling_engine.TurnResult` that `collect_episodes` reads."""
 
-    def __init__(self, out: dict, finish: dict):
+    def __init__(self, out: dict, finish: tuple):
         self._out, self.finish_reason = out, finish
 
     def row(self, r: int):
@@ -62,6 +62,14 @@ class TorchEngine:
 
     def end_episode(self, row: int) -> None:
         self.rows.pop(row, None)
+
+    def begin_turn(self, rows, max_new_tokens: int) -> None:
+        self.speaking, self.max_new = [*getattr(self, "speaking", []), *rows], max_new_tokens
+
+    def advance(self, max_steps: int) -> TorchTurn:
+        """Every ready row's whole turn in one `generate` (TRL's loop has no mid-turn hand-off)."""
+        rows, self.speaking = self.speaking, []
+        return self.sample_turn(rows, self.max_new)
 
     def sample_turn(self, rows, max_new_tokens: int) -> TorchTurn:
         import torch
@@ -93,7 +101,7 @@ class TorchEngine:
                 end, reason = max(room[i], 0), "cache_full"
             out[r] = (toks[:end], picked[i, :end].tolist())
             finish[r] = reason
-        return TorchTurn(out, finish)
+        return TorchTurn(out, tuple(finish.get(r) for r in range(self.config.batch_size)))
 
 
 class Agent:

@@ -88,6 +88,11 @@ class SamplingConfig:
     the smallest that fits (batch_size is always allowed). Empty: ceil(B/4), ceil(B/2), B."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""
+    share_prefix_min: int = 32
+    """`start_episode` copies the longest prompt prefix that some row's cache already holds
+    (its previous episode's or another row's: a GRPO group's episodes share one prompt, every
+    episode the system prompt), if it is at least this many tokens, instead of prefilling
+    it; only the rest is prefilled. 0 disables (every prompt is prefilled whole)."""
     decode_window: int = 256
     """Decode steps attend to the first W, 2W, ... cache slots (the smallest multiple of W
     past every live row's length) instead of all S, so attention costs what the episodes
@@ -235,6 +240,10 @@ class RolloutConfig:
     """Token budget of one episode (prompt + all turns); past it the episode ends "max_tokens"."""
     max_tokens_per_turn: int = 96
     """Most tokens the policy may sample in one assistant message."""
+    decode_chunk: int = 16
+    """Decode steps per engine call: a row whose turn ends is handed to its tools at the next
+    chunk boundary while the other rows go on decoding, so rows do not wait for the batch's
+    longest turn (benchmarks/bench_rollout.py). 0: whole turns, one engine call each."""
     tool_threads: int = 8
     """Threads running tool calls and verifications concurrently with decoding."""
     system_prompt: str = SYSTEM_PROMPT

@@ -115,6 +115,34 @@ def write_slots(layer_kv: jax.Array, slots: jax.Array, new: jax.Array, layer: ja
     return layer_kv.at[index].set(new.astype(layer_kv.dtype), mode="drop")
 
 
+def window(cache: KVCache, w: int) -> KVCache:
+    """The first `w` slots of every row (static `w <= S`): a cache of capacity w, copied once.
+
+    The decode loop runs on this view while every live row's length stays below w, so each
+    step's attention reads w slots without slicing (and copying) the full cache per step;
+    `put_window` writes the view back when the loop ends.
+    """
+    if w >= cache.capacity:
+        return cache
+    cut_k = lambda a: a[..., :w]  # noqa: E731 - keys: slots last
+    cut_v = lambda a: a[..., :w, :]  # noqa: E731 - values: slots before Dh
+    k = tuple(map(cut_k, cache.k)) if cache.per_layer else cut_k(cache.k)
+    v = tuple(map(cut_v, cache.v)) if cache.per_layer else cut_v(cache.v)
+    return KVCache(k=k, v=v, lengths=cache.lengths)
+
+
+def put_window(cache: KVCache, view: KVCache) -> KVCache:
+    """`cache` with its first `view.capacity` slots and its lengths replaced by `view`'s."""
+    w = view.capacity
+    if w >= cache.capacity:
+        return view
+    put_k = lambda a, b: a.at[..., :w].set(b)  # noqa: E731
+    put_v = lambda a, b: a.at[..., :w, :].set(b)  # noqa: E731
+    k = tuple(map(put_k, cache.k, view.k)) if cache.per_layer else put_k(cache.k, view.k)
+    v = tuple(map(put_v, cache.v, view.v)) if cache.per_layer else put_v(cache.v, view.v)
+    return KVCache(k=k, v=v, lengths=view.lengths)
+
+
 def cached_attention_mask(slots: jax.Array, capacity: int) -> jax.Array:
     """Boolean `[B, T, S]` mask: the query in slot `slots[b, t]` sees cache slots `s <= slot`.
 

@@ -95,8 +95,8 @@ def merge_stats(parts: Sequence[dict]) -> dict:
     if len(parts) == 1:
         return dict(parts[0])
     out = {k: max(p[k] for p in parts) for k in parts[0] if k.startswith("seconds_")}
-    for k in ("tokens_sampled", "tokens_total", "episodes"):
-        out[k] = sum(p[k] for p in parts)
+    for k in ("tokens_sampled", "tokens_total", "episodes", "engine_calls"):
+        out[k] = sum(p.get(k, 0) for p in parts)
     terms: dict[str, int] = {}
     for p in parts:
         for k, v in p["terminations"].items():

@@ -3,7 +3,10 @@
 `collect_episodes` keeps up to B episodes in flight on a `SamplingEngine` (continuous
 batching: a finished row is refilled with the next pending episode at once). Per turn:
 
-    sample_turn(rows ready to speak)          device, all those rows in one decode loop
+    begin_turn(rows ready to speak)           then advance(decode_chunk) until the row's
+                                              turn ends: device, every row mid-turn decodes
+                                              together, and a row whose turn ended leaves at
+                                              the chunk boundary (the others go on)
       -> append sampled ids verbatim          loss_mask 1, the sampler's policy log-probs
       -> ToolSession.step(text) in a thread   parse + run the tool (sandbox for run_tests)
       -> append the rendered observation      loss_mask 0, prefilled into that row only
@@ -55,6 +58,7 @@ class _Live:
     workspace: str
     seed: int
     waiting: Future | None = None  # the tool call in flight
+    speaking: bool = False  # in a turn on the engine (begin_turn .. the advance that ends it)
     termination: str | None = None
 
 
@@ -68,6 +72,7 @@ class RolloutStats:
     seconds_total: float = 0.0
     tokens_sampled: int = 0
     tokens_total: int = 0
+    engine_calls: int = 0  # `advance` calls (each a chunk of decode steps on every row mid-turn)
     episodes: int = 0
     terminations: dict = field(default_factory=dict)
 
@@ -193,20 +198,30 @@ def collect_episodes(
                     if not pending:
                         break
                     start(row)
-                # ---- one turn for every row that is ready to speak ----
-                ready = [r for r, ep in live.items() if ep.waiting is None]
+                # ---- rows ready to speak begin a turn; every row mid-turn decodes a chunk ----
+                ready = [r for r, ep in live.items() if ep.waiting is None and not ep.speaking]
                 if ready:
-                    t0 = time.perf_counter()
                     # Per-row room is the engine's job: a row that reaches the end of its
                     # cache stops with "cache_full" (cache_size >= max_total_tokens).
-                    turn = engine.sample_turn(ready, max_new_tokens=cfg.max_tokens_per_turn)
-                    stats.seconds_sampling += time.perf_counter() - t0
+                    engine.begin_turn(ready, max_new_tokens=cfg.max_tokens_per_turn)
                     for r in ready:
+                        live[r].speaking = True
+                if any(ep.speaking for ep in live.values()):
+                    t0 = time.perf_counter()
+                    # A row whose turn ends goes to its tools at once, while the others go on
+                    # decoding (chunk 0: whole turns, every row waits for the slowest).
+                    turn = engine.advance(cfg.decode_chunk or cfg.max_tokens_per_turn)
+                    stats.seconds_sampling += time.perf_counter() - t0
+                    stats.engine_calls += 1
+                    for r, reason in enumerate(turn.finish_reason):
+                        if reason is None:
+                            continue
                         ep = live[r]
+                        ep.speaking = False
                         ids, logp, _ = turn.row(r)
                         ep.builder.append_sampled(ids, logp, context=len(ep.builder))
                         stats.tokens_sampled += len(ids)
-                        if turn.finish_reason[r] == "cache_full" or len(ep.builder) >= cfg.max_total_tokens:
+                        if reason == "cache_full" or len(ep.builder) >= cfg.max_total_tokens:
                             finish(r, "max_tokens")
                             continue
                         text = chat.tokenizer.decode(ids)

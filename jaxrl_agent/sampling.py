@@ -9,9 +9,10 @@ Engine state on device is a pair `(cache, logits)`:
     logits  [B, V] float32                               next-token logits of each row
 
 Invariant: every token of an episode enters the cache exactly once, either by `prefill` (text
-the harness rendered: prompt, tool results) or by the decode loop (tokens the policy sampled,
-the final stop token included), and `logits[b]` always predicts the token after the last one
-in row b. So a tool result is appended by prefilling just its tokens, and the next turn starts
+the harness rendered: prompt, tool results), by the decode loop (tokens the policy sampled,
+the final stop token included) or by `copy_rows` (a prompt prefix another row already holds:
+a slot's keys and values depend only on the tokens up to it), and `logits[b]` always predicts
+the token after the last one in row b. So a tool result is appended by prefilling just its tokens, and the next turn starts
 sampling from the logits that prefill returned; the conversation is never re-run.
 
 Randomness is keyed per row and per position: the token written to slot p of row b is drawn
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent import kv_cache
 from jaxrl_agent.kv_cache import KVCache
 from jaxrl_agent.logprobs import logp_and_entropy_from_logits
 from jaxrl_agent.model import CausalLM
@@ -153,6 +155,21 @@ def prefill(
     return cache, jnp.where(got[:, None], new_logits, logits)
 
 
+def copy_rows(cache: KVCache, src: jax.Array, lengths: jax.Array) -> KVCache:
+    """Row b of the result is row `src[b]` of `cache` (every slot), filled to `lengths[b]`.
+
+    How a new episode takes over a prompt prefix that a row already holds (its own previous
+    episode or another row's) instead of prefilling it: the slots below `lengths[b]` hold
+    the prefix's keys and values, the slots past it are never attended and get overwritten.
+
+    Args: src int32 `[B]` (b itself for rows that keep their cache); lengths int32 `[B]`,
+      negative: keep row src[b]'s length.
+    """
+    take = (lambda a: a[src]) if cache.per_layer else (lambda a: a[:, src])
+    lengths = jnp.where(lengths >= 0, lengths, cache.lengths[src])
+    return KVCache(k=jax.tree.map(take, cache.k), v=jax.tree.map(take, cache.v), lengths=lengths)
+
+
 def prefill_rows(
     model: CausalLM, cache: KVCache, logits: jax.Array, rows: jax.Array, tokens: jax.Array, valid: jax.Array,
     reset: jax.Array,
@@ -253,8 +270,13 @@ def generate(
     carry = init
     # One loop per window, narrowest first: each runs until a live row outgrows its window (or
     # the turn ends), then the next, wider one carries on; the last covers the whole cache.
+    # A loop carries only its window's slots (`kv_cache.window`, one copy in and one out per
+    # window and turn), so no step slices the full cache (benchmarks/profile_decode.py).
     for window in decode_windows(cache.capacity, config.decode_window):
-        carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=window), carry)
+        full = carry[1]
+        carry = (carry[0], kv_cache.window(full, window), *carry[2:])
+        carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
+        carry = (carry[0], kv_cache.put_window(full, carry[1]), *carry[2:])
     _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = carry
     out = TurnOutput(tokens=out_tok, logp=out_lp, sample_logp=out_slp, num_new=num_new, stopped=stopped)
     return out, cache, logits

@@ -8,11 +8,18 @@ logits) and a host mirror of each row's tokens. A rollout loop talks to it per t
     eng.start_episode(row, prompt_ids, seed=k)     # new episode in a row (refill = the same call)
     turn = eng.sample_turn()                       # all rows holding an episode sample one turn
     ids, logp, sample_logp = turn.row(row)         # what the policy said, with its log-probs
+    eng.begin_turn(rows); turn = eng.advance(16)   # or: up to 16 steps at a time, rows whose
+                                                   #   turn ended come back (turn.finish_reason)
     eng.append(row, observation_ids)               # tool result + template glue: prefill only these
     eng.end_episode(row)                           # the row is free (or start_episode again)
     eng.update_params(model)                       # after an optimiser step; no recompilation
 
-Text staged by `start_episode` / `append` is prefilled lazily by the next `sample_turn` (or
+`sample_turn` is `begin_turn` + one `advance` long enough for every turn to end. An agent loop
+calls `advance` in chunks instead (`rollout.py`): a row whose turn ends mid-chunk leaves the
+decode batch at the chunk's end for its tool call, and rows whose tool results arrive begin
+their next turn, so the decode loop runs on rows mid-turn rather than on a turn's stragglers.
+
+Text staged by `start_episode` / `append` is prefilled lazily by the next `advance` (or
 `flush`): one prefill call per bucket length in use, each on just the rows whose chunk needs
 that bucket (padded to a row bucket), so a flush costs what was staged, not B rows of the
 longest chunk. Only bucketed shapes ever reach the compiled functions: one prefill per (row
@@ -32,7 +39,7 @@ from flax import nnx
 
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.model import CausalLM
-from jaxrl_agent.sampling import make_sampler_fns
+from jaxrl_agent.sampling import copy_rows, make_sampler_fns
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,7 @@ class SamplingEngine:
         self.vocab_size = model.config.vocab_size
         graphdef, self.state = nnx.split(model)
         self._prefill_fn, self._generate_fn = make_sampler_fns(graphdef, config)
+        self._copy_fn = jax.jit(copy_rows, donate_argnums=0)
         b, s = config.batch_size, config.cache_size
         self.cache = model.init_cache(b, s)
         self.logits = jnp.zeros((b, self.vocab_size), jnp.float32)
@@ -81,11 +89,22 @@ class SamplingEngine:
         self._live = np.zeros(b, bool)  # the row holds an episode
         self._seeds = np.zeros(b, np.uint32)
         self._stop = np.full((b, config.max_stop_tokens), -1, np.int32)
+        # leading ids of _tokens[b] whose keys/values are in the device cache (a freed row keeps
+        # its cache: a new episode can copy a prefix from it), and copies flush will make first
+        self._cached = np.zeros(b, np.int64)
+        self._copy_src = np.full(b, -1, np.int64)
+        self._copy_len = np.zeros(b, np.int64)
         self._episodes_started = 0
+        # ---- turns in progress (begin_turn / advance): budget and what was sampled so far ----
+        self._in_turn = np.zeros(b, bool)
+        self._turn_n = np.zeros(b, np.int64)
+        self._turn_out: list[tuple[list, list, list] | None] = [None] * b
         # ---- counters (benchmarks): tokens that entered the cache, and prefill compute incl. padding ----
         self.tokens_prefilled = 0
         self.tokens_prefill_padded = 0
         self.tokens_decoded = 0
+        self.tokens_shared = 0  # prompt tokens copied from a cached prefix instead of prefilled
+        self.decode_steps = 0  # decode loop iterations (each runs the model on all B rows)
 
     # ---- params ----
 
@@ -117,8 +136,11 @@ class SamplingEngine:
         self._check_fits(row, len(prompt), len(prompt), "prompt")
         stops = self._stop_row(self.config.stop_token_ids if stop_ids is None else stop_ids)
         seed = self._episodes_started if seed is None else seed
-        self._tokens[row], self._staged[row] = list(prompt), list(prompt)
-        self._reset[row], self._live[row] = True, True
+        src, n = self._shared_prefix(prompt)
+        self._tokens[row], self._staged[row] = list(prompt), list(prompt[n:])
+        self._reset[row], self._live[row] = n == 0, True
+        self._cached[row], self._copy_src[row], self._copy_len[row] = 0, src, n
+        self._in_turn[row], self._turn_out[row] = False, None
         self._seeds[row] = np.uint32(int(seed) % 2**32)
         self._stop[row] = stops
         self._episodes_started += 1
@@ -133,6 +155,8 @@ class SamplingEngine:
         self._check_row(row)
         if not self._live[row]:
             raise ValueError(f"append(row={row}): the row holds no episode (call start_episode first)")
+        if self._in_turn[row]:
+            raise ValueError(f"append(row={row}): the row is in a turn (advance until it ends, then append)")
         ids = self._check_ids(ids, "ids")
         self._check_fits(row, len(self._tokens[row]) + len(ids), len(ids), "append")
         if len(self._staged[row]) + len(ids) > self.buckets[-1]:
@@ -145,6 +169,7 @@ class SamplingEngine:
         self._check_row(row)
         self._live[row] = False
         self._staged[row] = []
+        self._in_turn[row], self._turn_out[row] = False, None
 
     def tokens(self, row: int) -> list[int]:
         """The full token sequence of the episode in `row` (rendered + sampled, in order)."""
@@ -159,7 +184,15 @@ class SamplingEngine:
 
     def flush(self) -> None:
         """Prefill every staged chunk: one call per length bucket, on the rows that need it."""
+        copy = self._copy_src >= 0
+        if copy.any():  # prefixes first, from the cache as it is before this flush's prefills
+            src = np.where(copy, self._copy_src, np.arange(self.config.batch_size)).astype(np.int32)
+            lengths = np.where(copy, self._copy_len, -1).astype(np.int32)
+            self.cache = self._copy_fn(self.cache, src, lengths)
+            self.tokens_shared += int(self._copy_len[copy].sum())
+            self._copy_src[:] = -1
         lens = np.array([len(s) for s in self._staged])
+        self._cached = np.array([len(t) if live else c for t, live, c in zip(self._tokens, self._live, self._cached)])
         if not lens.any():
             return
         # _check_fits guarantees every chunk has a bucket.
@@ -186,47 +219,95 @@ class SamplingEngine:
         self._reset[:] = False
 
     def sample_turn(self, rows: Sequence[int] | None = None, *, max_new_tokens: int | None = None) -> TurnResult:
-        """Sample one turn for `rows` (default: every row holding an episode), all in one loop.
+        """Sample one whole turn for `rows` (default: every row holding an episode), in one loop.
 
         Each row samples until one of its stop ids (kept, "stop"), `max_new_tokens` tokens
         ("length", default and upper bound `config.max_new_tokens`) or the end of its cache
         ("cache_full"). The sampled ids are appended to the row's episode and cache.
         Returns: a `TurnResult` with `[B, N]` arrays, N = config.max_new_tokens.
         """
-        cfg = self.config
-        n = cfg.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if not 1 <= n <= cfg.max_new_tokens:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be in [1, config.max_new_tokens={cfg.max_new_tokens}]")
-        rows = [int(b) for b in np.flatnonzero(self._live)] if rows is None else [int(r) for r in rows]
+        rows = [int(b) for b in np.flatnonzero(self._live & ~self._in_turn)] if rows is None else rows
+        self.begin_turn(rows, max_new_tokens=max_new_tokens)
+        return self.advance(self.config.max_new_tokens)  # every budget is at most N: all turns end
+
+    def begin_turn(self, rows: Sequence[int], *, max_new_tokens: int | None = None) -> None:
+        """Start a turn in `rows`: each samples in the following `advance` calls until its turn
+        ends (a stop id, `max_new_tokens` (default `config.max_new_tokens`), or a full cache).
+
+        Rows begin and end turns independently, so a caller can decode a few steps at a time
+        and hand a row back to its tools the moment its turn ends, while the other rows go on
+        decoding: the decode batch holds rows mid-turn, not rows waiting for the slowest one.
+        """
+        n = self.config.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if not 1 <= n <= self.config.max_new_tokens:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be in [1, config.max_new_tokens={self.config.max_new_tokens}]")
+        rows = [int(r) for r in rows]
         for r in rows:
             self._check_row(r)
             if not self._live[r]:
-                raise ValueError(f"sample_turn: row {r} holds no episode")
+                raise ValueError(f"begin_turn: row {r} holds no episode")
+            if self._in_turn[r]:
+                raise ValueError(f"begin_turn: row {r} is already in a turn (call advance until it ends)")
+        for r in rows:
+            self._in_turn[r], self._turn_n[r], self._turn_out[r] = True, n, ([], [], [])
+
+    def advance(self, max_steps: int) -> TurnResult:
+        """Decode up to `max_steps` tokens in every row that is in a turn (`begin_turn`).
+
+        Returns: a `TurnResult` for the rows whose turn ended in this call: their whole turn's
+        ids and log-probs (gathered over the calls it took) and finish reason; every other row
+        has `num_new` 0 and reason None. A row's tokens depend only on its seed and contents,
+        never on how its turn was split into calls (the sampling keys are keyed by position).
+        """
+        cfg = self.config
+        if max_steps < 1:
+            raise ValueError(f"advance: max_steps={max_steps} must be >= 1")
         self.flush()
-        active = np.zeros(cfg.batch_size, bool)
-        active[rows] = True
+        in_turn = self._in_turn.copy()
         room = cfg.cache_size - np.array([len(t) for t in self._tokens])  # free slots per row
-        budget = np.where(active, np.minimum(n, room), 0).astype(np.int32)  # [B]
-        out, self.cache, self.logits = self._generate_fn(
-            self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), active & (budget > 0), budget,
-            self._stop.copy(),
-        )
-        out = jax.device_get(out)
-        reasons = []
-        for b in range(cfg.batch_size):
-            k = int(out.num_new[b])
-            self._tokens[b].extend(out.tokens[b, :k].tolist())
-            if not active[b]:
-                reasons.append(None)
-            elif out.stopped[b]:
-                reasons.append("stop")
+        left = self._turn_n - np.array([len(o[0]) if o else 0 for o in self._turn_out])
+        budget = np.where(in_turn, np.minimum(np.minimum(left, room), max_steps), 0).astype(np.int32)  # [B]
+        if (in_turn & (budget > 0)).any():
+            out, self.cache, self.logits = self._generate_fn(
+                self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), in_turn & (budget > 0),
+                budget, self._stop.copy(),
+            )
+            out = jax.device_get(out)
+            num_new, stopped = np.asarray(out.num_new), np.asarray(out.stopped)
+            self.decode_steps += int(num_new.max())
+        else:  # every turn in progress is out of room: they end "cache_full" without a step
+            out, num_new, stopped = None, np.zeros(cfg.batch_size, np.int32), np.zeros(cfg.batch_size, bool)
+        n = cfg.max_new_tokens
+        tokens, logp = np.full((cfg.batch_size, n), -1, np.int32), np.zeros((cfg.batch_size, n), np.float32)
+        sample_logp, done_new = np.zeros_like(logp), np.zeros(cfg.batch_size, np.int32)
+        reasons: list[str | None] = [None] * cfg.batch_size
+        for b in np.flatnonzero(in_turn):
+            k = int(num_new[b])
+            ids, lps, slps = self._turn_out[b]
+            if k:
+                self._cached[b] += k
+                ids += out.tokens[b, :k].tolist()
+                lps += out.logp[b, :k].tolist()
+                slps += out.sample_logp[b, :k].tolist()
+                self._tokens[b].extend(out.tokens[b, :k].tolist())
+            if stopped[b]:
+                reasons[b] = "stop"
+            elif len(ids) >= self._turn_n[b]:
+                reasons[b] = "length"
+            elif len(self._tokens[b]) >= cfg.cache_size:
+                reasons[b] = "cache_full"
             else:
-                reasons.append("length" if budget[b] == n else "cache_full")
-        self.tokens_decoded += int(out.num_new.sum())
-        return TurnResult(
-            tokens=np.asarray(out.tokens), logp=np.asarray(out.logp), sample_logp=np.asarray(out.sample_logp),
-            num_new=np.asarray(out.num_new), stopped=np.asarray(out.stopped), finish_reason=tuple(reasons),
-        )
+                continue  # the turn goes on in the next call
+            m = len(ids)
+            tokens[b, :m], logp[b, :m], sample_logp[b, :m], done_new[b] = ids, lps, slps, m
+            self._in_turn[b], self._turn_out[b] = False, None
+        self.tokens_decoded += int(num_new.sum())
+        return TurnResult(tokens=tokens, logp=logp, sample_logp=sample_logp, num_new=done_new,
+                          stopped=np.array([r == "stop" for r in reasons]), finish_reason=tuple(reasons))
+
+    def in_turn(self) -> list[int]:
+        """Rows in a turn that has not ended yet (`begin_turn`, `advance`)."""
+        return [int(b) for b in np.flatnonzero(self._in_turn)]
 
     def warmup(self) -> None:
         """Compile the prefill of every (row bucket, length bucket) and the decode loop without
@@ -238,6 +319,8 @@ class SamplingEngine:
                 zeros = np.zeros((r, t), np.int32)  # no valid token: no row changes
                 self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, rows, zeros, zeros,
                                                            np.zeros(r, bool))
+        rows = np.arange(b, dtype=np.int32)
+        self.cache = self._copy_fn(self.cache, rows, np.full(b, -1, np.int32))  # every row keeps its cache
         none = np.zeros(b, bool)
         _, self.cache, self.logits = self._generate_fn(
             self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), none, np.zeros(b, np.int32),
@@ -245,9 +328,27 @@ class SamplingEngine:
         )
 
     def num_compiled(self) -> int:
-        """Compiled variants of the prefill and decode functions so far (one per (row bucket,
-        length bucket) used, + 1)."""
-        return self._prefill_fn._cache_size() + self._generate_fn._cache_size()
+        """Compiled variants of the prefill, decode and prefix-copy functions so far (one per
+        (row bucket, length bucket) used, + 2)."""
+        return self._prefill_fn._cache_size() + self._generate_fn._cache_size() + self._copy_fn._cache_size()
+
+    def _shared_prefix(self, prompt: list[int]) -> tuple[int, int]:
+        """(row, n): the row whose cache holds the longest prefix of `prompt` (n tokens, at most
+        all but its last token, which is prefilled for the next-token logits), or (-1, 0) when
+        no row holds `config.share_prefix_min` of them (or sharing is off)."""
+        best, best_n = -1, 0
+        if self.config.share_prefix_min <= 0 or len(prompt) <= self.config.share_prefix_min:
+            return best, best_n
+        want = np.asarray(prompt[:-1])
+        for r in range(self.config.batch_size):
+            m = min(int(self._cached[r]), len(want))
+            if m <= best_n:
+                continue
+            diff = np.flatnonzero(np.asarray(self._tokens[r][:m]) != want[:m])
+            n = int(diff[0]) if diff.size else m
+            if n > best_n:
+                best, best_n = r, n
+        return (best, best_n) if best_n >= self.config.share_prefix_min else (-1, 0)
 
     # ---- validation ----
 

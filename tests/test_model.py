@@ -175,6 +175,32 @@ def test_cache_writes_past_capacity_are_dropped_not_clamped():
         assert kv_cache.init_cache(2, 1, 4, 1, 2, per_layer=per_layer).capacity == 4
 
 
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_cache_window_view_round_trips(per_layer):
+    """`window` keeps the first w slots of keys (slots last) and values (slots before Dh);
+    `put_window` writes a changed view back and leaves the slots past w as they were."""
+    rng = np.random.default_rng(0)
+    cache = kv_cache.init_cache(2, 3, 8, 2, 4, per_layer=per_layer)
+    fill = lambda a: jnp.asarray(rng.standard_normal(a.shape), a.dtype)  # noqa: E731
+    cache = cache.replace(k=jax.tree.map(fill, cache.k), v=jax.tree.map(fill, cache.v), lengths=jnp.array([1, 2, 3]))
+    view = kv_cache.window(cache, 5)
+    assert view.capacity == 5 and kv_cache.window(cache, 8) is cache
+    for full, cut in zip(jax.tree.leaves(cache.k), jax.tree.leaves(view.k)):
+        np.testing.assert_array_equal(cut, full[..., :5])
+    for full, cut in zip(jax.tree.leaves(cache.v), jax.tree.leaves(view.v)):
+        np.testing.assert_array_equal(cut, full[..., :5, :])
+    changed = view.replace(k=jax.tree.map(lambda a: a + 1, view.k), v=jax.tree.map(lambda a: a - 1, view.v),
+                           lengths=view.lengths + 1)
+    back = kv_cache.put_window(cache, changed)
+    assert back.capacity == 8 and back.lengths.tolist() == [2, 3, 4]
+    for old, new in zip(jax.tree.leaves(cache.k), jax.tree.leaves(back.k)):
+        np.testing.assert_array_equal(new[..., :5], old[..., :5] + 1)
+        np.testing.assert_array_equal(new[..., 5:], old[..., 5:])
+    for old, new in zip(jax.tree.leaves(cache.v), jax.tree.leaves(back.v)):
+        np.testing.assert_array_equal(new[..., :5, :], old[..., :5, :] - 1)
+        np.testing.assert_array_equal(new[..., 5:, :], old[..., 5:, :])
+
+
 def test_cache_capacity_check():
     cache = kv_cache.init_cache(1, 2, 8, 1, 4)
     kv_cache.check_capacity(cache, 8)

@@ -82,6 +82,30 @@ def test_same_seed_same_episodes(random_policy_run, engine, chat, sandbox):
     assert [e.ids for e in again] == [e.ids for e in eps[: RC.group_size]]
 
 
+def test_rows_handed_back_mid_batch_sample_the_same_episodes(random_policy_run, engine, chat, sandbox):
+    """RC's turns (up to 24 tokens) decode in 16-step chunks, each row going to its tools at
+    the chunk boundary where its turn ended; whole-turn decoding (decode_chunk=0, every row
+    waits for the slowest) samples the same episodes."""
+    tasks, eps, stats = random_policy_run
+    assert RC.decode_chunk and RC.decode_chunk < RC.max_tokens_per_turn
+    assert max(len(t) for e in eps for t in _turns(e)) > RC.decode_chunk  # turns did span chunks
+    whole, _ = R.collect_episodes(tasks, engine, chat, sandbox, replace(RC, decode_chunk=0), seed=5)
+    assert [e.ids for e in whole] == [e.ids for e in eps]
+    for a, b in zip(whole, eps):
+        np.testing.assert_allclose(a.sampler_logp, b.sampler_logp, atol=1e-5)
+
+
+def _turns(e):
+    """The sampled spans (loss mask 1) of an episode, as lists of ids."""
+    out, cur = [], []
+    for i, m in zip(e.ids, e.loss_mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            out, cur = out + [cur], []
+    return out + ([cur] if cur else [])
+
+
 class ScriptedEngine:
     """Stands in for SamplingEngine: row episodes 'sample' a fixed list of assistant texts."""
 
@@ -113,6 +137,13 @@ class ScriptedEngine:
             self.live[r].extend(ids)
         reasons = tuple("stop" if r in rows else None for r in range(B))
         return TurnResult(toks, logp, logp, num, num > 0, reasons)
+
+    def begin_turn(self, rows, max_new_tokens=None):
+        self.speaking = [*getattr(self, "speaking", []), *rows]
+
+    def advance(self, max_steps):  # every scripted turn ends in one call
+        rows, self.speaking = self.speaking, []
+        return self.sample_turn(rows)
 
 
 def fix_script(task):

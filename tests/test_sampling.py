@@ -184,6 +184,87 @@ def test_decode_windows_change_no_token(model, eng):
             np.testing.assert_allclose(slp0, slp1, atol=1e-5)
 
 
+def test_turns_split_over_advance_calls_change_no_token(eng):
+    """A turn decoded 3 steps per `advance` call, rows ending their turns at different calls
+    (and one at the end of its cache), holds exactly the ids, log-probs and finish reasons of
+    the same turn in one `sample_turn`; rows mid-turn report nothing and refuse `append`."""
+    prompts = [_prompt(60, 5), _prompt(61, 30), _prompt(62, 9)]
+
+    def start():
+        for b, p in enumerate(prompts):
+            eng.start_episode(b, p, seed=b)
+        eng.end_episode(3)
+        eng.append(1, _prompt(63, 30))  # 60 of S=64 slots: row 1 fills its cache after 4 tokens
+
+    start()
+    whole = eng.sample_turn([0, 1, 2], max_new_tokens=7)
+    whole_tokens = [eng.tokens(b) for b in range(3)]
+    start()
+    eng.begin_turn([0, 1], max_new_tokens=7)
+    ended = {}
+    for call in range(6):
+        if call == 1:
+            eng.begin_turn([2], max_new_tokens=7)  # a row may join while others are mid-turn
+        res = eng.advance(3)
+        for b, reason in enumerate(res.finish_reason):
+            if reason is not None:
+                assert b not in ended
+                ended[b] = (reason, *res.row(b))
+            elif b in eng.in_turn():
+                assert res.num_new[b] == 0
+                with pytest.raises(ValueError, match="in a turn"):
+                    eng.append(b, [1])
+                with pytest.raises(ValueError, match="already in a turn"):
+                    eng.begin_turn([b])
+    assert eng.in_turn() == [] and sorted(ended) == [0, 1, 2]
+    assert ended[1][0] == "cache_full" == whole.finish_reason[1]
+    for b in range(3):
+        reason, ids, lp, slp = ended[b]
+        assert reason == whole.finish_reason[b] and ids == whole.row(b)[0]
+        np.testing.assert_allclose(lp, whole.row(b)[1], atol=1e-5)
+        np.testing.assert_allclose(slp, whole.row(b)[2], atol=1e-5)
+        assert eng.tokens(b) == whole_tokens[b]
+
+
+def test_shared_prompt_prefixes_change_no_token(model):
+    """A prompt whose prefix some row's cache holds (another live row, a freed row, the row's
+    own previous episode, a source row restarted before the copy ran) copies that prefix
+    instead of prefilling it, and samples what a whole prefill samples."""
+    share = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=8))
+    ref = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=0))
+    p = _prompt(40, 26)
+    q = p[:20] + _prompt(41, 6)  # shares its first 20 tokens with p
+
+    def run(e, plan):
+        out = {}
+        for step in plan:
+            for row, prompt, seed in step.get("start", []):
+                e.start_episode(row, prompt, seed=seed)
+            for row in step.get("end", []):
+                e.end_episode(row)
+            res = e.sample_turn(step["sample"])
+            out.update({(len(out), r): res.row(r) for r in step["sample"]})
+        return out
+
+    plan = [
+        {"start": [(0, p, 1), (1, _prompt(42, 12), 2), (2, _prompt(43, 9), 3)], "end": [3], "sample": [0, 1, 2]},
+        {"start": [(3, p, 4)], "sample": [3]},  # p from live row 0 (25 tokens)
+        {"start": [(2, q, 5)], "sample": [2]},  # q's first 20 tokens from row 0 or 3
+        {"end": [0], "start": [(1, p, 6)], "sample": [1]},  # from rows 0 (freed) or 3
+        {"start": [(0, p, 7)], "sample": [0]},  # the row's own previous episode
+        {"start": [(2, p, 8), (0, _prompt(44, 5), 9)], "sample": [0, 2]},  # source row 0 (the first of 0, 1, 3) restarted first
+    ]
+    got, want = run(share, plan), run(ref, plan)
+    assert share.tokens_shared == 4 * 25 + 20 and ref.tokens_shared == 0
+    assert share.tokens_prefilled == ref.tokens_prefilled - share.tokens_shared
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k][0] == want[k][0]
+        np.testing.assert_allclose(got[k][1], want[k][1], atol=1e-5)
+    for b in range(4):
+        assert share.tokens(b) == ref.tokens(b)
+
+
 def test_multi_turn_equals_reprefilled_conversation(eng):
     """Turn 2 after an appended observation == turn 2 from a fresh prefill of the whole
     conversation (same episode seed), so appending never needs to re-run the past."""
@@ -286,7 +367,7 @@ def test_no_compilation_after_warmup(model, eng):
     eng.warmup()
     before = eng.num_compiled()
     assert eng.row_buckets == (1, 2, 4)  # ceil(B/4), ceil(B/2), B for B = 4
-    assert before == len(eng.row_buckets) * len(SAMPLE.prefill_buckets) + 1
+    assert before == len(eng.row_buckets) * len(SAMPLE.prefill_buckets) + 2  # + the decode loop and the prefix copy
     compiles = []
 
     def listener(event, duration, **kw):
