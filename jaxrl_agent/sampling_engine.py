@@ -92,8 +92,10 @@ class SamplingEngine:
         # leading ids of _tokens[b] whose keys/values are in the device cache (a freed row keeps
         # its cache: a new episode can copy a prefix from it), and copies flush will make first
         self._cached = np.zeros(b, np.int64)
-        self._copy_src = np.full(b, -1, np.int64)
+        self._copy_src = np.full(b, -1, np.int64)  # copy from a cached prefix, before prefilling
         self._copy_len = np.zeros(b, np.int64)
+        self._follow_src = np.full(b, -1, np.int64)  # copy from a prompt staged in the same flush
+        self._follow_len = np.zeros(b, np.int64)
         self._episodes_started = 0
         # ---- turns in progress (begin_turn / advance): budget and what was sampled so far ----
         self._in_turn = np.zeros(b, bool)
@@ -114,6 +116,16 @@ class SamplingEngine:
         state = nnx.state(params) if isinstance(params, nnx.Module) else params
         if jax.tree.structure(state) != jax.tree.structure(self.state):
             raise ValueError("update_params: the new params do not have the structure of the engine's model")
+        # Cached prefixes hold the old params' keys and values: no new episode may copy them.
+        # A copy still pending becomes a prefill of the whole prompt under the new params
+        # (when that fits one chunk; otherwise it is made now, like any row that is mid-episode
+        # across an update).
+        pending = self._copy_src >= 0
+        if any(len(self._tokens[r]) > self.buckets[-1] for r in np.flatnonzero(pending)):
+            self.flush()
+        for r in np.flatnonzero(self._copy_src >= 0):
+            self._staged[r], self._reset[r], self._copy_src[r] = list(self._tokens[r]), True, -1
+        self._cached[:] = 0
         self.state = state
 
     # ---- rows ----
@@ -136,10 +148,15 @@ class SamplingEngine:
         self._check_fits(row, len(prompt), len(prompt), "prompt")
         stops = self._stop_row(self.config.stop_token_ids if stop_ids is None else stop_ids)
         seed = self._episodes_started if seed is None else seed
-        src, n = self._shared_prefix(prompt)
-        self._tokens[row], self._staged[row] = list(prompt), list(prompt[n:])
-        self._reset[row], self._live[row] = n == 0, True
-        self._cached[row], self._copy_src[row], self._copy_len[row] = 0, src, n
+        if (self._follow_src == row).any():
+            self.flush()  # rows waiting to copy this row's staged prompt get it before it changes
+        (src, n), (lead, m) = self._shared_prefix(prompt, row)
+        n_all = max(n, m)
+        self._tokens[row], self._staged[row] = list(prompt), list(prompt[n_all:])
+        self._reset[row], self._live[row] = n_all == 0, True
+        self._cached[row] = 0
+        self._copy_src[row], self._copy_len[row] = (src, n) if n and n >= m else (-1, 0)
+        self._follow_src[row], self._follow_len[row] = (lead, m) if m > n else (-1, 0)
         self._in_turn[row], self._turn_out[row] = False, None
         self._seeds[row] = np.uint32(int(seed) % 2**32)
         self._stop[row] = stops
@@ -167,6 +184,8 @@ class SamplingEngine:
     def end_episode(self, row: int) -> None:
         """Mark `row` free; `sample_turn` skips it until `start_episode` refills it."""
         self._check_row(row)
+        if (self._follow_src == row).any():
+            self.flush()  # rows waiting to copy this row's staged prompt get it first
         self._live[row] = False
         self._staged[row] = []
         self._in_turn[row], self._turn_out[row] = False, None
@@ -183,40 +202,56 @@ class SamplingEngine:
     # ---- device calls ----
 
     def flush(self) -> None:
-        """Prefill every staged chunk: one call per length bucket, on the rows that need it."""
-        copy = self._copy_src >= 0
-        if copy.any():  # prefixes first, from the cache as it is before this flush's prefills
-            src = np.where(copy, self._copy_src, np.arange(self.config.batch_size)).astype(np.int32)
-            lengths = np.where(copy, self._copy_len, -1).astype(np.int32)
-            self.cache = self._copy_fn(self.cache, src, lengths)
-            self.tokens_shared += int(self._copy_len[copy].sum())
-            self._copy_src[:] = -1
+        """Prefill every staged chunk: one call per length bucket, on the rows that need it.
+
+        Shared prompt prefixes (`start_episode`) are copied first from rows whose cache held
+        them before this flush; rows sharing with a prompt staged in this same flush (a
+        group's episodes starting together) copy it once it is prefilled, then prefill the
+        rest of their own prompt."""
+        b = self.config.batch_size
+        first = self._copy_src >= 0
+        if first.any():  # from the cache as it is before this flush's prefills
+            self._copy(first, self._copy_src, self._copy_len)
         lens = np.array([len(s) for s in self._staged])
+        later = self._follow_src >= 0
+        self._prefill((lens > 0) & ~later, lens)
+        if later.any():  # their leaders' prompts are in the cache now
+            self._copy(later, self._follow_src, self._follow_len)
+            self._prefill(later, lens)
         self._cached = np.array([len(t) if live else c for t, live, c in zip(self._tokens, self._live, self._cached)])
-        if not lens.any():
-            return
+        self._copy_src[:], self._follow_src[:] = -1, -1
+        self.tokens_prefilled += int(lens.sum())
+        self._staged = [[] for _ in range(b)]
+        self._reset[:] = False
+
+    def _copy(self, rows: np.ndarray, src: np.ndarray, n: np.ndarray) -> None:
+        """Device: rows[b] takes the first n[b] slots of row src[b]'s cache (`sampling.copy_rows`)."""
+        keep = np.arange(self.config.batch_size)
+        self.cache = self._copy_fn(self.cache, np.where(rows, src, keep).astype(np.int32),
+                                   np.where(rows, n, -1).astype(np.int32))
+        self.tokens_shared += int(n[rows].sum())
+
+    def _prefill(self, rows: np.ndarray, lens: np.ndarray) -> None:
+        """Device: prefill the staged chunk of every row in the mask `rows`, per length bucket."""
         # _check_fits guarantees every chunk has a bucket.
-        need = {int(b): next(t for t in self.buckets if t >= lens[b]) for b in np.flatnonzero(lens)}
+        need = {int(b): next(t for t in self.buckets if t >= lens[b]) for b in np.flatnonzero(rows & (lens > 0))}
         for t in sorted(set(need.values())):
             group = [b for b, tb in need.items() if tb == t]
             r = next(n for n in self.row_buckets if n >= len(group))
             # Pad with other rows, distinct so the scatter back is well defined: no valid
             # token and no reset leaves them as they are.
-            rows = group + [b for b in range(self.config.batch_size) if need.get(b) != t]
-            rows = np.array(rows[:r] if r < self.config.batch_size else sorted(rows), np.int32)
+            order = group + [b for b in range(self.config.batch_size) if need.get(b) != t]
+            order = np.array(order[:r] if r < self.config.batch_size else sorted(order), np.int32)
             tokens = np.zeros((r, t), np.int32)  # [R, T]
             valid = np.zeros((r, t), np.int32)
             reset = np.zeros(r, bool)
-            for i, b in enumerate(rows):
+            for i, b in enumerate(order):
                 if need.get(int(b)) == t:
                     tokens[i, : lens[b]] = self._staged[b]
                     valid[i, : lens[b]] = 1
                     reset[i] = self._reset[b]
-            self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, rows, tokens, valid, reset)
+            self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, order, tokens, valid, reset)
             self.tokens_prefill_padded += len(group) * t
-        self.tokens_prefilled += int(lens.sum())
-        self._staged = [[] for _ in lens]
-        self._reset[:] = False
 
     def sample_turn(self, rows: Sequence[int] | None = None, *, max_new_tokens: int | None = None) -> TurnResult:
         """Sample one whole turn for `rows` (default: every row holding an episode), in one loop.
@@ -332,23 +367,34 @@ class SamplingEngine:
         (row bucket, length bucket) used, + 2)."""
         return self._prefill_fn._cache_size() + self._generate_fn._cache_size() + self._copy_fn._cache_size()
 
-    def _shared_prefix(self, prompt: list[int]) -> tuple[int, int]:
-        """(row, n): the row whose cache holds the longest prefix of `prompt` (n tokens, at most
-        all but its last token, which is prefilled for the next-token logits), or (-1, 0) when
-        no row holds `config.share_prefix_min` of them (or sharing is off)."""
-        best, best_n = -1, 0
-        if self.config.share_prefix_min <= 0 or len(prompt) <= self.config.share_prefix_min:
-            return best, best_n
+    def _shared_prefix(self, prompt: list[int], row: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Where `row`'s new prompt can copy its longest prefix from, as two (row, n) pairs:
+
+        - a row whose cache holds n leading tokens of it now (any row, freed ones and `row`
+          itself included: a freed row's cache stays as it was);
+        - a live row other than `row` whose own prompt is staged for the next flush and holds
+          n leading tokens of it (episodes of a group starting together), not itself waiting
+          to copy from another staged prompt.
+
+        n is at most all but the prompt's last token (prefilled for the next-token logits);
+        a pair is (-1, 0) when it offers fewer than `config.share_prefix_min` tokens."""
+        out = [(-1, 0), (-1, 0)]
+        k = self.config.share_prefix_min
+        if k <= 0 or len(prompt) <= k:
+            return out[0], out[1]
         want = np.asarray(prompt[:-1])
         for r in range(self.config.batch_size):
-            m = min(int(self._cached[r]), len(want))
-            if m <= best_n:
-                continue
-            diff = np.flatnonzero(np.asarray(self._tokens[r][:m]) != want[:m])
-            n = int(diff[0]) if diff.size else m
-            if n > best_n:
-                best, best_n = r, n
-        return (best, best_n) if best_n >= self.config.share_prefix_min else (-1, 0)
+            cached = int(self._cached[r])
+            staged = self._live[r] and r != row and self._follow_src[r] < 0 and bool(self._staged[r])
+            for which, m in ((0, cached), (1, len(self._tokens[r]) if staged else 0)):
+                m = min(m, len(want))
+                if m < k or m <= out[which][1]:
+                    continue
+                diff = np.flatnonzero(np.asarray(self._tokens[r][:m]) != want[:m])
+                n = int(diff[0]) if diff.size else m
+                if n >= k and n > out[which][1]:
+                    out[which] = (r, n)
+        return out[0], out[1]
 
     # ---- validation ----
 

@@ -253,16 +253,50 @@ def test_shared_prompt_prefixes_change_no_token(model):
         {"end": [0], "start": [(1, p, 6)], "sample": [1]},  # from rows 0 (freed) or 3
         {"start": [(0, p, 7)], "sample": [0]},  # the row's own previous episode
         {"start": [(2, p, 8), (0, _prompt(44, 5), 9)], "sample": [0, 2]},  # source row 0 (the first of 0, 1, 3) restarted first
+        # a group starting together: rows 1-3 copy row 0's prompt once this flush prefilled it
+        {"start": [(b, r, 10 + b) for b, r in enumerate([q[:-1] + [5, 6, 7, 8], q, q, q])], "sample": [0, 1, 2, 3]},
+        # a staged leader restarted, or freed, before the flush: its followers are served first
+        {"start": [(0, p[:-2] + [9, 9], 20), (1, p[:-1] + [4], 21), (0, _prompt(45, 7), 22)], "sample": [0, 1]},
+        {"start": [(2, p[:-1] + [3], 23), (3, p[:-1] + [3, 7], 24)], "end": [2], "sample": [3]},
     ]
     got, want = run(share, plan), run(ref, plan)
-    assert share.tokens_shared == 4 * 25 + 20 and ref.tokens_shared == 0
-    assert share.tokens_prefilled == ref.tokens_prefilled - share.tokens_shared
+    # per step: 0, 25, 20, 25, 25, 25; 20 + 3 x 25 (rows 1-3 follow row 0's staged prompt, which
+    # copied 20 from the cache); 20 + 24 (row 1 follows row 0); 25 + 26 (row 3 follows row 2)
+    assert share.tokens_shared == 4 * 25 + 20 + 20 + 3 * 25 + 20 + 24 + 25 + 26 and ref.tokens_shared == 0
+    # every token entered the cache once, by a prefill or a copy; only the two staged leaders
+    # that were replaced or freed before a flush (26 tokens each) entered share's cache and
+    # not ref's: they were prefilled first to serve their followers
+    assert share.tokens_prefilled + share.tokens_shared == ref.tokens_prefilled + 2 * 26
     assert got.keys() == want.keys()
     for k in want:
         assert got[k][0] == want[k][0]
         np.testing.assert_allclose(got[k][1], want[k][1], atol=1e-5)
     for b in range(4):
         assert share.tokens(b) == ref.tokens(b)
+
+
+def test_new_params_are_never_served_old_prefixes(model):
+    """After `update_params` no prompt copies keys and values computed with the old params,
+    not even a copy that was pending when the params changed: it samples what a fresh engine
+    on the new params samples."""
+    other = _perturbed(seed=3)
+    share = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=8))
+    p = _prompt(50, 26)
+    share.start_episode(0, p, seed=1)
+    share.sample_turn([0])
+    share.start_episode(1, p, seed=2)  # would copy row 0's 25 tokens at the next flush
+    assert share.tokens_shared == 0
+    share.update_params(nnx.state(other))
+    share.start_episode(2, p, seed=3)  # row 0's cache is from the old params
+    got = share.sample_turn([1, 2])
+    fresh = SamplingEngine(other, dataclasses.replace(SAMPLE, share_prefix_min=0))
+    fresh.start_episode(1, p, seed=2)
+    fresh.start_episode(2, p, seed=3)
+    want = fresh.sample_turn([1, 2])
+    assert share.tokens_shared == 25  # row 2 followed row 1's prompt, prefilled in the same flush
+    for b in (1, 2):
+        assert got.row(b)[0] == want.row(b)[0]
+        np.testing.assert_allclose(got.row(b)[1], want.row(b)[1], atol=1e-5)
 
 
 def test_multi_turn_equals_reprefilled_conversation(eng):
