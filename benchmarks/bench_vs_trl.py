@@ -90,7 +90,10 @@ class Ours:
                                      batch_multiple=self.ts.mesh.devices.size)
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), SamplingConfig(
             temperature=1.0, max_new_tokens=args.new, batch_size=self.rows, cache_size=self.traj.buckets[-1],
-            stop_token_ids=tuple(self.tok.stop_ids), prefill_buckets=(-(-max(map(len, prompt_ids)) // 32) * 32,)))
+            stop_token_ids=tuple(self.tok.stop_ids),
+            # the longest prompt, and 32 for the tail of a prompt whose prefix a group member's
+            # row already holds (SamplingConfig.share_prefix_min)
+            prefill_buckets=tuple(sorted({32, -(-max(map(len, prompt_ids)) // 32) * 32}))))
         self._policy_for_engine = policy_for_engine
         self.setup_s = time.perf_counter() - t0
         self.iteration = 0
