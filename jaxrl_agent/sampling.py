@@ -12,8 +12,9 @@ Invariant: every token of an episode enters the cache exactly once, either by `p
 the harness rendered: prompt, tool results), by the decode loop (tokens the policy sampled,
 the final stop token included) or by `copy_rows` (a prompt prefix another row already holds:
 a slot's keys and values depend only on the tokens up to it), and `logits[b]` always predicts
-the token after the last one in row b. So a tool result is appended by prefilling just its tokens, and the next turn starts
-sampling from the logits that prefill returned; the conversation is never re-run.
+the token after the last one in row b. So a tool result is appended by prefilling just its
+tokens, and the next turn starts sampling from the logits that prefill returned; the
+conversation is never re-run.
 
 Randomness is keyed per row and per position: the token written to slot p of row b is drawn
 with `fold_in(fold_in(key(base_seed), episode_seed[b]), p)`. A row's tokens therefore do not
