@@ -7,7 +7,7 @@ import pytest
 
 from jaxrl_agent.env.tasks import binary_search_task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
-from jaxrl_agent.evaluation import episode_behaviour, pass_at_k, summarize_episodes, wilson_interval
+from jaxrl_agent.evaluation import episode_behaviour, paired_difference, pass_at_k, summarize_episodes, wilson_interval
 from jaxrl_agent.trajectory import Episode
 
 
@@ -27,6 +27,30 @@ def test_pass_at_k_matches_enumeration(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
     with pytest.raises(ValueError):
         pass_at_k(2, 1, 3)
+
+
+def test_paired_difference_sign_test_and_bootstrap():
+    # the sign test against enumeration: 7 of 9 non-tied pairs favour a (one tie left out)
+    a = [0.3, 0.2, 0.5, 0.1, 0.4, 0.0, 0.2, 0.3, 0.6, 0.2]
+    b = [0.1, 0.1, 0.2, 0.2, 0.1, 0.0, 0.3, 0.1, 0.2, 0.1]
+    r = paired_difference(a, b, seed=0)
+    brute = sum(math.comb(9, j) for j in range(10) if min(j, 9 - j) <= 2) / 2 ** 9
+    assert (r["n"], r["n_pos"], r["n_neg"]) == (10, 7, 2)
+    assert r["sign_p"] == pytest.approx(brute, abs=1e-12)
+    assert r["mean"] == pytest.approx(sum(x - y for x, y in zip(a, b)) / 10)
+    assert r["ci_low"] < r["mean"] < r["ci_high"]
+    assert r == paired_difference(a, b, seed=0)  # seeded
+    # a constant shift: a degenerate interval at the shift, p = 2 / 2^n
+    r = paired_difference([x + 0.25 for x in b], b)
+    assert r["ci_low"] == pytest.approx(0.25) and r["ci_high"] == pytest.approx(0.25)
+    assert r["sign_p"] == pytest.approx(2 / 2 ** 10)
+    # no difference at all: p = 1, and the interval is the point 0
+    r = paired_difference(b, b)
+    assert r["sign_p"] == 1.0 and r["mean"] == r["ci_low"] == r["ci_high"] == 0.0
+    with pytest.raises(ValueError, match="same length"):
+        paired_difference([0.1, 0.2], [0.1])
+    with pytest.raises(ValueError, match="at least one pair"):
+        paired_difference([], [])
 
 
 @pytest.fixture

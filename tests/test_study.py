@@ -227,6 +227,26 @@ def test_report_targets_follow_the_numbers():
     assert report.targets(summary) == {"all": {"met": False, "reason": "70% of the failures are basic"}}
 
 
+def test_report_pairs_each_run_with_the_control_of_its_seed():
+    """Training success is compared iteration by iteration with the same seed's control."""
+    from experiments.binary_search_rl import report
+
+    runs = report.run_names((0, 1), "rloo")
+    curve = lambda xs: {"train_reward": [{"iteration": i + 1, "success": x} for i, x in enumerate(xs)]}
+    training = {"rl": curve([0.1, 0.5, 0.2, 0.4]), "control": curve([0.1, 0.4, 0.1, 0.2]),
+                "rl_seed1": curve([0.3, 0.3, 0.3, 0.3]), "control_seed1": curve([0.5, 0.5, 0.5, 0.5]),
+                "rloo": curve([0.1, 0.4, 0.1, 0.2])}
+    out = report.paired_training(training, runs)
+    assert set(out) == {"rl", "rl_seed1", "rloo"}  # controls are not compared with themselves
+    assert out["rl"]["control"] == "control" and out["rl_seed1"]["control"] == "control_seed1"
+    assert out["rl"]["all"]["mean"] == pytest.approx(0.1) and out["rl"]["all"]["n_pos"] == 3
+    assert out["rl"]["second_half"]["n"] == 2 and out["rl"]["second_half"]["mean"] == pytest.approx(0.15)
+    assert out["rl_seed1"]["all"]["mean"] == pytest.approx(-0.2) and out["rl_seed1"]["all"]["n_neg"] == 4
+    assert out["rloo"]["all"]["mean"] == 0.0 and out["rloo"]["all"]["sign_p"] == 1.0
+    del training["control_seed1"]  # a control that did not run: its seed's run is left out
+    assert set(report.paired_training(training, runs)) == {"rl", "rloo"}
+
+
 def test_gate_starts_rl_only_when_most_failures_are_decisions():
     from experiments.binary_search_rl.stages import gate_decision
 

@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 
-from jaxrl_agent.evaluation import pass_at_k_curve
+from jaxrl_agent.evaluation import paired_difference, pass_at_k_curve
 
 from experiments.binary_search_rl.diagnostics import diagnostics_markdown
 
@@ -114,6 +114,26 @@ def targets(summary: dict) -> dict:
     return out
 
 
+def paired_training(training: dict, runs: dict) -> dict:
+    """Each true-reward run against the control of its seed, on the training rollouts:
+    success per iteration, paired by iteration (both runs draw the same tasks in the same
+    order with the same sampling seeds, so task difficulty, which dominates one iteration's
+    success, cancels). Over all iterations and over the second half (where updates have had
+    time to act). Read on training tasks, never on a held-out set."""
+    out = {}
+    for name, (algo, seed, shuffled) in runs.items():
+        ctrl = next((c for c, (_, s, sh) in runs.items() if sh and s == seed), None)
+        mine, theirs = (training.get(n, {}).get("train_reward") for n in (name, ctrl))
+        if shuffled or ctrl is None or not mine or not theirs:
+            continue
+        a = [r["success"] for r in mine]
+        b = [r["success"] for r in theirs][: len(a)]
+        half = len(b) // 2
+        out[name] = {"control": ctrl, "all": paired_difference(a[: len(b)], b),
+                     "second_half": paired_difference(a[half: len(b)], b[half:])}
+    return out
+
+
 def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict:
     summary: dict = {"git_commit": git_commit(), "config": cfg_dict,
                      "runs": {n: {"algo": a or cfg_dict["rl"]["algo"], "seed": s, "shuffled_rewards": sh}
@@ -127,6 +147,7 @@ def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict
             nll = stages[name]["nll"]
             summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
                 "first_nll": nll[0], "final_nll": nll[-1]}
+    summary["training_paired"] = paired_training(summary["training"], runs)
     summary["targets"] = targets(summary)
     summary["seconds"] = {name: round(st.get("seconds", 0.0), 1) for name, st in stages.items()}
     summary["seconds"].update({f"eval_{p}": round(e.get("seconds", 0.0), 1) for p, e in evals.items()})
@@ -253,6 +274,16 @@ def results_markdown(summary: dict) -> str:
         beh.append(f"| {label(pol, runs)} | {b.get('fixed_all_bugs', 0):.2f} | {b.get('ran_tests_before_submit', 0):.2f} | "
                    f"{b.get('recovered', 0):.2f} | {b.get('mean_turns', 0):.1f} | "
                    f"{b.get('interface_errors_per_episode', 0):.2f} | {layers} |")
+    paired = []
+    if summary.get("training_paired"):
+        paired = ["", "| training success minus its control's, paired by iteration (same tasks) | iterations | "
+                  "mean [95% bootstrap] | better / worse iterations | sign test p |", "|---|---|---|---|---|"]
+        for pol, pr in summary["training_paired"].items():
+            for part in ("all", "second_half"):
+                d = pr[part]
+                paired.append(f"| {label(pol, runs)}, {part.replace('_', ' ')} | {d['n']} | {d['mean']:+.3f} "
+                              f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n_pos']} / {d['n_neg']} | "
+                              f"{d['sign_p']:.3f} |")
     gate = []
     if summary.get("gate"):
         g = summary["gate"]
@@ -266,7 +297,7 @@ def results_markdown(summary: dict) -> str:
     diag = []
     if "diagnostics" in summary:
         diag = ["", diagnostics_markdown(summary["diagnostics"], LABELS).rstrip("\n")]
-    return "\n".join(rows + spread + passk + beh + gate + tg + diag) + "\n"
+    return "\n".join(rows + spread + passk + beh + paired + gate + tg + diag) + "\n"
 
 
 def _fmt(key: str, value) -> str:
