@@ -247,6 +247,20 @@ def test_report_pairs_each_run_with_the_control_of_its_seed():
     assert set(report.paired_training(training, runs)) == {"rl", "rloo"}
 
 
+def test_report_pairs_held_out_tasks_with_the_sft_policy():
+    from experiments.binary_search_rl import report
+
+    per = lambda d: {"heldout_instances": {"per_task": d}}
+    evals = {"sft": per({"a": [1, 8], "b": [0, 8], "c": [4, 8]}), "rl": per({"a": [3, 8], "b": [0, 8], "c": [6, 8]}),
+             "control": per({"a": [0, 8], "c": [4, 8]}), "sft_success_only": {"heldout_instances": {}}}
+    out = report.paired_heldout(evals)
+    assert set(out) == {"rl", "control"}  # a policy without per-task counts is left out
+    assert out["rl"]["tasks"] == 3 and out["rl"]["mean"] == pytest.approx(4 / 8 / 3)
+    assert (out["rl"]["n_pos"], out["rl"]["n_neg"]) == (2, 0)
+    assert out["control"]["tasks"] == 2 and out["control"]["mean"] == pytest.approx(-1 / 16)
+    assert report.paired_heldout({"rl": evals["rl"]}) == {}  # no SFT evaluation: nothing to pair with
+
+
 def test_gate_starts_rl_only_when_most_failures_are_decisions():
     from experiments.binary_search_rl.stages import gate_decision
 

@@ -134,6 +134,25 @@ def paired_training(training: dict, runs: dict) -> dict:
     return out
 
 
+def paired_heldout(evals: dict, base: str = "sft", split: str = "heldout_instances") -> dict:
+    """Every policy against `base` on the held-out instances, task by task: every policy is
+    evaluated on the same tasks with the same sampling seeds, so the per-task pass rates pair,
+    and how hard a task is cancels (the Wilson intervals of the targets do not pair)."""
+    if base not in evals or "per_task" not in evals[base].get(split, {}):
+        return {}
+    ref = evals[base][split]["per_task"]
+    out = {}
+    for pol, e in evals.items():
+        mine = e.get(split, {}).get("per_task")
+        if pol == base or not mine:
+            continue
+        common = sorted(set(mine) & set(ref))
+        if common:
+            out[pol] = paired_difference([mine[t][0] / mine[t][1] for t in common],
+                                         [ref[t][0] / ref[t][1] for t in common]) | {"tasks": len(common)}
+    return out
+
+
 def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict:
     summary: dict = {"git_commit": git_commit(), "config": cfg_dict,
                      "runs": {n: {"algo": a or cfg_dict["rl"]["algo"], "seed": s, "shuffled_rewards": sh}
@@ -148,6 +167,7 @@ def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict
             summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
                 "first_nll": nll[0], "final_nll": nll[-1]}
     summary["training_paired"] = paired_training(summary["training"], runs)
+    summary["heldout_paired"] = paired_heldout(evals)
     summary["targets"] = targets(summary)
     summary["seconds"] = {name: round(st.get("seconds", 0.0), 1) for name, st in stages.items()}
     summary["seconds"].update({f"eval_{p}": round(e.get("seconds", 0.0), 1) for p, e in evals.items()})
@@ -284,6 +304,12 @@ def results_markdown(summary: dict) -> str:
                 paired.append(f"| {label(pol, runs)}, {part.replace('_', ' ')} | {d['n']} | {d['mean']:+.3f} "
                               f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n_pos']} / {d['n_neg']} | "
                               f"{d['sign_p']:.3f} |")
+    if summary.get("heldout_paired"):
+        paired += ["", "| held-out instances: pass rate minus SFT's, paired by task (same tasks, same seeds) | tasks | "
+                   "mean [95% bootstrap] | better / worse tasks | sign test p |", "|---|---|---|---|---|"]
+        for pol, d in summary["heldout_paired"].items():
+            paired.append(f"| {label(pol, runs)} | {d['tasks']} | {d['mean']:+.3f} [{d['ci_low']:+.3f}, "
+                          f"{d['ci_high']:+.3f}] | {d['n_pos']} / {d['n_neg']} | {d['sign_p']:.3f} |")
     gate = []
     if summary.get("gate"):
         g = summary["gate"]
