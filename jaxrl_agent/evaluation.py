@@ -103,9 +103,11 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float,
 
     Failure layers: "interface" (parse-error limit, or interface errors and no edit), "basic"
     (no edit applied, never submitted, or - with `bugs`, (bugs fixed, bugs injected) from
-    `bugs_fixed` - edits that fixed none of the bugs or "fixed" all and still fail), and
-    "sequential": submitted after a failing test run that followed its last edit (did not
-    recover), or submitted with some but not all bugs fixed (stopped too early)."""
+    `bugs_fixed` - edits that fixed none of the bugs or "fixed" all and still fail, whatever
+    was decided after them), and "sequential": progress made, then submitted after a failing
+    test run that followed the last edit (did not recover), or with some but not all bugs
+    fixed (stopped too early). Without `bugs` (a user's task) progress is unknown, and a
+    submit after a failing run counts as sequential."""
     names = []
     interface_errors = tool_errors = edits = 0
     read_file = ran_tests = tests_after_last_edit = saw_failure = edit_after_failure = False
@@ -139,10 +141,13 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float,
         layer = "interface"
     elif edits == 0 or not submitted:
         layer = "basic"
-    elif failing_after_last_edit:
-        layer = "sequential"  # submitted although the last test run failed: did not recover
     elif bugs is not None and bugs[1] > 0 and (bugs[0] == 0 or bugs[0] == bugs[1]):
-        layer = "basic"  # no bug fixed, or every bug "fixed" and yet wrong: the edits were wrong
+        # no bug fixed, or every bug "fixed" and yet wrong: the edits were wrong. This comes
+        # before "did not recover": without progress there is no decision to blame (§9b), and
+        # recovering cannot help a policy whose edits are wrong
+        layer = "basic"
+    elif failing_after_last_edit:
+        layer = "sequential"  # progress, then submitted although the last test run failed
     else:
         layer = "sequential"  # some bugs fixed, submitted without the rest
     return {

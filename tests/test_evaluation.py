@@ -91,8 +91,8 @@ def test_sequential_failure_fixes_one_bug_and_submits(session):
 
 
 def test_layers_use_the_bugs_fixed_and_the_last_test_run(tmp_path):
-    """A wrong edit submitted is basic (no progress); one bug of two is sequential; a failing
-    test run after the last edit, then submit, is sequential (did not recover)."""
+    """A wrong edit submitted is basic (no progress), whatever came after it; one bug of two
+    is sequential, with or without a failing test run before the submit (did not recover)."""
     from jaxrl_agent.env.sandbox import Sandbox
     from jaxrl_agent.evaluation import bugs_fixed
 
@@ -111,8 +111,13 @@ def test_layers_use_the_bugs_fixed_and_the_last_test_run(tmp_path):
         b = run(0, [wrong, ("submit", {})])
         assert b["failure_layer"] == "basic" and (b["bugs_fixed"], b["bugs_total"]) == (0, 2)
         assert run(1, [one, ("submit", {})])["failure_layer"] == "sequential"
+        # a failing run after a wrong edit, then submit: still no progress, so basic (§9b)...
         b = run(2, [wrong, ("run_tests", {}), ("submit", {})])
-        assert b["saw_failing_tests"] and b["failure_layer"] == "sequential"
+        assert b["saw_failing_tests"] and b["failure_layer"] == "basic"
+        # ...while after one bug of two fixed it is the decision not to recover
+        other = ("replace_lines", {"path": path, "start": 12, "end": 12, "text": "            high = mid - 1"})
+        b = run(4, [other, ("run_tests", {}), ("submit", {})])  # the dev tests see the bug left
+        assert b["saw_failing_tests"] and b["failure_layer"] == "sequential" and b["bugs_fixed"] == 1
         assert run(3, [("run_tests", {}), ("run_tests", {}), ("submit", {})])["failure_layer"] == "basic"
 
 
