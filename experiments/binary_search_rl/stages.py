@@ -7,6 +7,8 @@ changed setting recomputes exactly the stages that depend on it.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import os
 import random
@@ -15,6 +17,7 @@ from dataclasses import asdict
 
 from flax import nnx
 
+from jaxrl_agent import evaluation
 from jaxrl_agent.checkpoint import export_hf
 from jaxrl_agent.config import (LossConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, TrainConfig,
                                 TrajectoryConfig)
@@ -74,6 +77,13 @@ def _policy_mtime(policy_dir: str) -> float:
     """When the policy's weights were written: a re-made input stage invalidates its users
     even though its directory keeps the same path."""
     return os.path.getmtime(os.path.join(policy_dir, "model.safetensors"))
+
+
+def evaluation_code() -> str:
+    """A fingerprint of the code that classifies and counts episodes (jaxrl_agent/evaluation.py),
+    in the stamps of the stages that report it (gate, evaluations): a changed failure-layer
+    classifier re-runs them instead of reusing a verdict the new code would not give."""
+    return hashlib.sha256(inspect.getsource(evaluation).encode()).hexdigest()[:16]
 
 
 def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
@@ -246,7 +256,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
     g = cfg.gate
     stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(start["policy"])}
+             "policy_mtime": _policy_mtime(start["policy"]), "evaluation_code": evaluation_code()}
     done = cached(cfg, "gate", stamp)
     if done is not None:
         return done
@@ -349,7 +359,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
     is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(policy), "passk": passk}
+             "policy_mtime": _policy_mtime(policy), "passk": passk, "evaluation_code": evaluation_code()}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
