@@ -173,6 +173,53 @@ def test_turn_accuracy_scores_whole_turns_by_tool():
     assert bad["str_replace"]["token_accuracy"] == (n - 1) / n
 
 
+def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
+    """A replace_lines turn's tokens: its line numbers, the text the replaced line already
+    holds (a copy), and the text the edit changes (the fix); scored apart under teacher forcing."""
+    import numpy as np
+
+    from jaxrl_agent.env.tasks import binary_search_task, workspace_files
+    from jaxrl_agent.env.tool_calls import format_tool_call
+    from jaxrl_agent.tokenizer import load_tokenizer
+    from jaxrl_agent.trajectory import Episode
+    from experiments.binary_search_rl.diagnostics import edit_parts, turn_accuracy
+
+    tok = load_tokenizer()
+    task = binary_search_task()
+    files = workspace_files(task)
+    path = task.metadata["source_file"]
+    assert files[path].split("\n")[9] == "            low = mid"
+    call = tok.encode(format_tool_call("replace_lines", {"path": path, "start": 10, "end": 10,
+                                                         "text": "            low = mid + 1"}) + "<|im_end|>")
+    parts = edit_parts(call, tok.decode, files)
+    text = lambda part: "".join(tok.decode([t]) for t, p in zip(call, parts) if p == part)
+    assert text("lines") == "1010" and text("fix").strip() == "+ 1"
+    assert text("copy").strip() == "low = mid" and "replace_lines" in text("other")
+    assert edit_parts(tok.encode(format_tool_call("submit", {})), tok.decode, files) is None
+    assert edit_parts(call, tok.decode, {}) is None  # a file the task does not have
+
+    head = tok.encode("<|im_start|>user\nfix it<|im_end|>\n")
+    ids = head + call
+    ep = Episode(ids, [0] * len(head) + [1] * len(call), [0.0] * len(ids), [0] * len(ids))
+    target = np.array(ids[1:] + [0], np.int32)
+    first_fix = len(head) + parts.index("fix")
+
+    def predict(wrong_at):
+        def f(x, m):
+            out = np.array(np.broadcast_to(np.pad(target, (0, x.shape[1] - len(target))), x.shape))
+            if wrong_at is not None:
+                out[:, wrong_at - 1] = (ids[wrong_at] + 1) % tok.vocab_size
+            return out
+        return f
+
+    good = turn_accuracy([ep], predict(None), tok.decode, max_len=128, files=[files])["replace_lines_parts"]
+    assert all(good[p]["token_accuracy"] == 1.0 and good[p]["turns_all_right"] == 1.0 for p in ("lines", "copy", "fix"))
+    bad = turn_accuracy([ep], predict(first_fix), tok.decode, max_len=128, files=[files])["replace_lines_parts"]
+    assert bad["fix"]["turns_all_right"] == 0.0 and bad["fix"]["token_accuracy"] == pytest.approx(1 - 1 / bad["fix"]["tokens"])
+    assert bad["copy"]["turns_all_right"] == bad["lines"]["turns_all_right"] == 1.0
+    assert "replace_lines_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
+
+
 def _fake_split(p1: float, n: int = 200) -> dict:
     return {"pass1": p1, "pass1_ci_low": max(0.0, p1 - 0.1), "pass1_ci_high": min(1.0, p1 + 0.1), "n_episodes": n,
             "n_tasks": 5, "behaviour": {"mean_turns": 5.0, "failure_layers": {"interface": 1 - p1}},

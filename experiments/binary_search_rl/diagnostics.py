@@ -6,12 +6,19 @@ scripted expert's perfect episodes on fresh held-out instances are fed to every 
 as reproduced when the policy's argmax gives every one of its tokens: the tool and every
 argument. Grouped by tool, this separates the decisions (`list_files` or `read_file` first,
 when to run the tests, when to submit) from the copying and fixing inside an edit,
-whose turns are tens of tokens that must all be right. A measurement only: nothing is chosen
-with it, and its instances are disjoint from the evaluation's and the learning curve's.
+whose turns are tens of tokens that must all be right. An edit turn is split further
+(`edit_parts`): its line numbers, the text the replaced lines already hold (a copy from the
+file the policy read) and the text the edit changes (the fix), so a failing edit says whether
+the policy cannot find and copy the line or does not know the fix. A measurement only:
+nothing is chosen with it, and its instances are disjoint from the evaluation's and the
+learning curve's.
 """
 from __future__ import annotations
 
+import difflib
 import json
+import re
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict
@@ -22,12 +29,12 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agent.demonstrations import collect_demonstrations
-from jaxrl_agent.env.tasks import generate_tasks
+from jaxrl_agent.env.tasks import generate_tasks, workspace_files
 from jaxrl_agent.pipelines import load_policy
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, finish, tools_config
+from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, code_fingerprint, finish, tools_config
 
 SEED_OFFSET = 200
 """Instances come from `heldout_instances` with seed `eval.seed + 200` (evaluation uses
@@ -53,7 +60,51 @@ def expert_turns(episode: Episode, decode) -> list[tuple[str, list[int]]]:
     return out
 
 
-def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024) -> dict:
+EDIT_PARTS = ("lines", "copy", "fix")
+
+
+def edit_parts(ids: list[int], decode, files: dict[str, str]) -> list[str] | None:
+    """What each token of one `replace_lines` turn writes: "lines" (the start / end numbers),
+    "copy" (text of the `text` argument that the replaced lines of `files` already hold),
+    "fix" (text the edit adds or changes) or "other" (tool name, path, JSON, stop token).
+
+    Characters are compared in the call's own JSON-escaped form (difflib over the old and new
+    lines); a token touching a changed character is "fix". None when `ids` is not one
+    well-formed replace_lines call on a file of `files`."""
+    text = decode(ids)
+    try:
+        call = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])
+        args = call["arguments"]
+        path, start, end, new = args["path"], int(args["start"]), int(args["end"]), args["text"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        return None
+    if call.get("name") != "replace_lines" or path not in files or not isinstance(new, str):
+        return None
+    raw_new = json.dumps(new, ensure_ascii=False)[1:-1]
+    at = text.find('"text": "' + raw_new + '"')
+    if at < 0:
+        return None
+    at += len('"text": "')
+    old = "\n".join(files[path].split("\n")[start - 1:end])
+    kind = np.zeros(len(text), np.int8)  # 0 other, 1 lines, 2 copy, 3 fix
+    kind[at:at + len(raw_new)] = 2
+    matcher = difflib.SequenceMatcher(None, json.dumps(old, ensure_ascii=False)[1:-1], raw_new, autojunk=False)
+    for tag, _, _, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            kind[at + j1:at + j2] = 3
+    for m in re.finditer(r'"(?:start|end)": (\d+)', text[:at]):
+        kind[m.start(1):m.end(1)] = 1
+    out, prev = [], 0
+    for i in range(len(ids)):
+        cut = max(prev, len(decode(ids[: i + 1])))
+        span = kind[prev:cut]
+        out.append(("other", "lines", "copy", "fix")[int(span.max())] if span.size else "other")
+        prev = cut
+    return out
+
+
+def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
+                  files: list[dict[str, str]] | None = None) -> dict:
     """Per tool: expert turns, share reproduced exactly by `predict`, and token accuracy.
 
     Args:
@@ -61,10 +112,15 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024)
       predict: int32 `[B, T]` ids, int32 `[B, T]` mask -> int `[B, T]` argmax next-token ids.
       decode: ids -> text (the tokenizer's).
       max_len: T; turns reaching past it are not scored.
+      files: per episode, its task's files before any edit; with them, `replace_lines` turns
+        are also scored by part (`edit_parts`).
     Returns:
-      {tool: {"turns", "exact", "token_accuracy", "tokens_per_turn"}} plus "all" over every turn.
+      {tool: {"turns", "exact", "token_accuracy", "tokens_per_turn"}} plus "all" over every turn,
+      and with `files` "replace_lines_parts": {part: {"turns" (holding that part), "tokens",
+      "token_accuracy", "turns_all_right"}} for the parts "lines", "copy", "fix".
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
+    parts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # the same per part of an edit turn
     for start in range(0, len(episodes), 8):
         batch = episodes[start:start + 8]
         ids = np.zeros((len(batch), max_len), np.int32)
@@ -81,8 +137,18 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024)
                 for key in (name, "all"):
                     c = counts[key]
                     c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(right), c[2] + len(right), c[3] + sum(right)
-    return {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2], "tokens_per_turn": c[2] / c[0]}
-            for k, c in counts.items()}
+                kinds = edit_parts([e.ids[p] for p in pos], decode, files[start + b]) if files else None
+                for part in EDIT_PARTS if kinds else ():
+                    mine = [r for r, k in zip(right, kinds) if k == part]
+                    if mine:
+                        c = parts[part]
+                        c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(mine), c[2] + len(mine), c[3] + sum(mine)
+    out = {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2], "tokens_per_turn": c[2] / c[0]}
+           for k, c in counts.items()}
+    if files:
+        out["replace_lines_parts"] = {k: {"turns": c[0], "tokens": c[2], "token_accuracy": c[3] / c[2],
+                                          "turns_all_right": c[1] / c[0]} for k, c in parts.items()}
+    return out
 
 
 def _predictor(policy_dir: str):
@@ -102,7 +168,8 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
     """`turn_accuracy` of each policy (name -> policy dir) on `cfg.diagnose.tasks` expert
     episodes; cached under `<work_dir>/diagnose` like the other stages."""
     stamp = {"diagnose": asdict(cfg.diagnose), "eval_seed": cfg.eval.seed, "test_timeout_s": cfg.test_timeout_s,
-             "policies": {name: [path, _policy_mtime(path)] for name, path in policies.items()}}
+             "policies": {name: [path, _policy_mtime(path)] for name, path in policies.items()},
+             "code": code_fingerprint(sys.modules[__name__])}
     done = cached(cfg, "diagnose", stamp)
     if done is not None:
         return done
@@ -112,9 +179,10 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
                         tool_cfg=tools_config(cfg))
     result: dict = {"tasks": len(tasks), "expert_success": sum(e.reward >= 1 for e in episodes) / len(episodes),
                     "per_policy": {}}
+    files = [workspace_files(t) for t in tasks]  # one perfect episode per task, in task order
     for name, path in policies.items():
         predict, decode = _predictor(path)
-        result["per_policy"][name] = turn_accuracy(episodes, predict, decode)
+        result["per_policy"][name] = turn_accuracy(episodes, predict, decode, files=files)
     result["seconds"] = time.time() - t0
     return finish(cfg, "diagnose", stamp, result)
 
@@ -131,4 +199,11 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
         cells = [f"{per_tool[t]['exact']:.2f} ({per_tool[t]['token_accuracy']:.3f})" if t in per_tool else "-"
                  for t in tools]
         rows.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
+    edits = {n: p["replace_lines_parts"] for n, p in diag["per_policy"].items() if p.get("replace_lines_parts")}
+    if edits:
+        rows += ["", "| `replace_lines` turns by part: all of the part right (token accuracy) | line numbers | "
+                 "text copied from the file | the fix |", "|---|---|---|---|"]
+        for name, p in edits.items():
+            rows.append(f"| {labels.get(name, name)} | " + " | ".join(
+                f"{p[k]['turns_all_right']:.2f} ({p[k]['token_accuracy']:.3f})" if k in p else "-" for k in EDIT_PARTS) + " |")
     return "\n".join(rows) + "\n"

@@ -79,11 +79,11 @@ def _policy_mtime(policy_dir: str) -> float:
     return os.path.getmtime(os.path.join(policy_dir, "model.safetensors"))
 
 
-def evaluation_code() -> str:
-    """A fingerprint of the code that classifies and counts episodes (jaxrl_agent/evaluation.py),
-    in the stamps of the stages that report it (gate, evaluations): a changed failure-layer
-    classifier re-runs them instead of reusing a verdict the new code would not give."""
-    return hashlib.sha256(inspect.getsource(evaluation).encode()).hexdigest()[:16]
+def code_fingerprint(module) -> str:
+    """A fingerprint of a module's source, in the stamps of the stages whose verdict it
+    computes (evaluation.py for the gate and the evaluations, diagnostics.py for the
+    diagnostic): changed code re-runs them instead of reusing what it would no longer say."""
+    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
 
 
 def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
@@ -256,7 +256,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
     g = cfg.gate
     stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(start["policy"]), "evaluation_code": evaluation_code()}
+             "policy_mtime": _policy_mtime(start["policy"]), "evaluation_code": code_fingerprint(evaluation)}
     done = cached(cfg, "gate", stamp)
     if done is not None:
         return done
@@ -359,7 +359,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
     is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(policy), "passk": passk, "evaluation_code": evaluation_code()}
+             "policy_mtime": _policy_mtime(policy), "passk": passk, "evaluation_code": code_fingerprint(evaluation)}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
