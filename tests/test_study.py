@@ -316,3 +316,18 @@ def test_gate_starts_rl_only_when_most_failures_are_decisions():
     bad = gate_decision({"interface": 0.1, "basic": 0.5, "sequential": 0.2, "infrastructure": 0.0}, 0.5)
     assert not bad["rl_starts"] and "basic layer" in bad["reason"] and "62%" in bad["reason"]
     assert gate_decision({"interface": 0.0, "basic": 0.0, "sequential": 0.0, "infrastructure": 0.0}, 0.5)["rl_starts"]
+
+
+def test_copy_probe_batches_score_only_tokens_that_a_copy_can_give():
+    """Every scored token of each probe task stands earlier in its row: a copy can give it."""
+    import numpy as np
+
+    from experiments.binary_search_rl.copy_probe import TASKS, run
+
+    for name, make in TASKS.items():
+        ids, mask = make(np.random.default_rng(0))
+        assert ids.shape == mask.shape and mask.sum() > 0, name
+        for row, m in zip(ids, mask):
+            for t in np.flatnonzero(m):
+                assert row[t] in row[:t - 1], (name, t)
+    assert run("keyed", steps=2, lr=1e-3) == []  # compiles and steps (figures every 100 steps)
