@@ -121,7 +121,7 @@ def paired_training(training: dict, runs: dict) -> dict:
     success, cancels). Over all iterations and over the second half (where updates have had
     time to act). Read on training tasks, never on a held-out set."""
     out = {}
-    for name, (algo, seed, shuffled) in runs.items():
+    for name, (_, seed, shuffled) in runs.items():
         ctrl = next((c for c, (_, s, sh) in runs.items() if sh and s == seed), None)
         mine, theirs = (training.get(n, {}).get("train_reward") for n in (name, ctrl))
         if shuffled or ctrl is None or not mine or not theirs:
