@@ -78,11 +78,11 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = 1
     Tibshirani, An Introduction to the Bootstrap (1993), ch. 13; Conover, Practical
     Nonparametric Statistics (1999), §3.4.
     """
-    d = np.asarray(a, np.float64) - np.asarray(b, np.float64) if len(a) == len(b) else None
-    if d is None:
+    if len(a) != len(b):
         raise ValueError(f"paired_difference needs two sequences of the same length, got {len(a)} and {len(b)}")
-    if not len(d):
+    if not len(a):
         raise ValueError("paired_difference needs at least one pair")
+    d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     boot = d[np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
     tail = (1.0 - level) / 2
     n_pos, n_neg = int((d > 0).sum()), int((d < 0).sum())
@@ -143,8 +143,7 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float,
         layer = "basic"
     elif bugs is not None and bugs[1] > 0 and (bugs[0] == 0 or bugs[0] == bugs[1]):
         # no bug fixed, or every bug "fixed" and yet wrong: the edits were wrong. This comes
-        # before "did not recover": without progress there is no decision to blame (§9b), and
-        # recovering cannot help a policy whose edits are wrong
+        # before "did not recover": without progress there is no decision to blame (§9b)
         layer = "basic"
     elif failing_after_last_edit:
         layer = "sequential"  # progress, then submitted although the last test run failed
