@@ -300,16 +300,12 @@ def results_markdown(summary: dict) -> str:
                   "mean [95% bootstrap] | better / worse iterations | sign test p |", "|---|---|---|---|---|"]
         for pol, pr in summary["training_paired"].items():
             for part in ("all", "second_half"):
-                d = pr[part]
-                paired.append(f"| {label(pol, runs)}, {part.replace('_', ' ')} | {d['n']} | {d['mean']:+.3f} "
-                              f"[{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | {d['n_pos']} / {d['n_neg']} | "
-                              f"{d['sign_p']:.3f} |")
+                paired.append(_paired_row(f"{label(pol, runs)}, {part.replace('_', ' ')}", pr[part]["n"], pr[part]))
     if summary.get("heldout_paired"):
         paired += ["", "| held-out instances: pass rate minus SFT's, paired by task (same tasks, same seeds) | tasks | "
                    "mean [95% bootstrap] | better / worse tasks | sign test p |", "|---|---|---|---|---|"]
         for pol, d in summary["heldout_paired"].items():
-            paired.append(f"| {label(pol, runs)} | {d['tasks']} | {d['mean']:+.3f} [{d['ci_low']:+.3f}, "
-                          f"{d['ci_high']:+.3f}] | {d['n_pos']} / {d['n_neg']} | {d['sign_p']:.3f} |")
+            paired.append(_paired_row(label(pol, runs), d["tasks"], d))
     gate = []
     if summary.get("gate"):
         g = summary["gate"]
@@ -324,6 +320,12 @@ def results_markdown(summary: dict) -> str:
     if "diagnostics" in summary:
         diag = ["", diagnostics_markdown(summary["diagnostics"], LABELS).rstrip("\n")]
     return "\n".join(rows + spread + passk + beh + paired + gate + tg + diag) + "\n"
+
+
+def _paired_row(name: str, n: int, d: dict) -> str:
+    """One table row of a `paired_difference` result."""
+    return (f"| {name} | {n} | {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] | "
+            f"{d['n_pos']} / {d['n_neg']} | {d['sign_p']:.3f} |")
 
 
 def _fmt(key: str, value) -> str:
