@@ -14,7 +14,7 @@ from experiments.binary_search_rl.report import run_names
 
 POLICIES = ("sft", "sft_success_only", *run_names((0, 1), "rloo"))
 TINY = ["--rl.seeds=0,1", "--gate.tasks=1", "--gate.samples=1", "--gate.min_sequential_share=0",
-        "--eval.passk_samples=2", "--pretrain.num_tasks=4", "--pretrain.steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
+        "--eval.passk_samples=2", "--pretrain.num_tasks=4", "--pretrain.steps=2", "--pretrain.copy_steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
         "--rl.group_size=2", "--rl.mini_batches=1", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
         "--rl.require_signal=false", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
         "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--diagnose.tasks=2", "--model.num_layers=1",
@@ -131,6 +131,45 @@ def test_random_name_drill_instances_use_no_pool_names(tmp_path):
         assert all(not obs.startswith("Error") for _, obs in tr.turns), tr.turns
         with open(os.path.join(ws, new.metadata["source_file"])) as f:
             assert f.read() == new.reference_files[new.metadata["source_file"]]
+
+
+def test_copy_sequences_are_a_prefix_then_its_repeat_with_loss_on_the_repeat():
+    """Each sequence is a random prefix of length m then that prefix repeated: every loss
+    token equals the token m back (learnable only by copying), none of the prefix is trained."""
+    from experiments.binary_search_rl.drills import copy_sequences
+
+    ids = [5, 9, 11, 40, 41, 77, 300, 301]
+    seqs = copy_sequences(20, ids, length=64, seed=3)
+    assert [s.ids for s in seqs] == [s.ids for s in copy_sequences(20, ids, length=64, seed=3)]
+    periods = set()
+    for s in seqs:
+        assert len(s.ids) == len(s.loss_mask) == 64 and set(s.ids) <= set(ids)
+        m = s.loss_mask.index(1) - 1  # loss from the repeat's second token on
+        assert 8 <= m <= 32 and not any(s.loss_mask[:m + 1]) and all(s.loss_mask[m + 1:])
+        assert all(s.ids[t] == s.ids[t - m] for t in range(m, 64))
+        periods.add(m)
+    assert len(periods) > 3  # the copy distance varies from row to row
+    with pytest.raises(ValueError, match="length >= 16"):
+        copy_sequences(1, ids, length=8)
+
+
+def test_whole_transcript_loss_covers_everything_after_the_shared_prompt():
+    """Drills as pretraining: loss on every token after the prompt all episodes share (tool
+    results included), none on that prompt; ids and everything else unchanged."""
+    from jaxrl_agent.trajectory import Episode
+    from experiments.binary_search_rl.drills import whole_transcript_loss
+
+    prompt = [7, 8, 9]
+    eps = [Episode(prompt + [1, 2, 3, 4], [0, 0, 0, 1, 0, 0, 1], [0.0] * 7, [0] * 7, reward=1.0, group_id=4),
+           Episode(prompt + [5, 6], [0, 0, 0, 0, 1], [0.0] * 5, [0] * 5)]
+    out = whole_transcript_loss(eps)
+    assert [e.loss_mask for e in out] == [[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    assert [e.ids for e in out] == [e.ids for e in eps] and (out[0].reward, out[0].group_id) == (1.0, 4)
+    assert eps[0].loss_mask == [0, 0, 0, 1, 0, 0, 1]  # the input is not modified
+    with pytest.raises(ValueError, match="at least two"):
+        whole_transcript_loss(eps[:1])
+    with pytest.raises(ValueError, match="only the shared prompt"):
+        whole_transcript_loss([eps[0], Episode(prompt, [0, 0, 0], [0.0] * 3, [0] * 3)])
 
 
 def test_turn_accuracy_scores_whole_turns_by_tool():
@@ -330,4 +369,5 @@ def test_copy_probe_batches_score_only_tokens_that_a_copy_can_give():
         for row, m in zip(ids, mask):
             for t in np.flatnonzero(m):
                 assert row[t] in row[:t - 1], (name, t)
-    assert run("keyed", steps=2, lr=1e-3) == []  # compiles and steps (figures every 100 steps)
+    # compiles and steps (figures every 100 steps), then scores the untrained task
+    assert run("keyed", steps=2, lr=1e-3, then=("repeat",)) == []

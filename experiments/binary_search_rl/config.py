@@ -42,6 +42,15 @@ class PretrainStage:
     random_names: float = 0.0
     """Share of drill instances re-made with made-up identifiers (`drills.random_name_tasks`),
     where guessing a pool's name cannot be right (measured at 0.5: worse, see the README)."""
+    copy_steps: int = 0
+    """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`, `batch_size` of 512
+    tokens each) before the drills: the content-keyed copy (induction head) the drills need
+    and, alone, never form. 0 skips them."""
+    copy_learning_rate: float = 1e-3
+    """AdamW peak learning rate of the copy steps (cosine decay to 10%, 4% warm-up)."""
+    whole_transcript: bool = False
+    """Next-token loss on every token of a drill after the system prompt, the tool results
+    included (`drills.whole_transcript_loss`), instead of on the policy's calls only."""
     steps: int = 1000
     """Optimizer steps (1000 x 8 = 2 passes over the drills: line-addressed copies are learnt
     faster than `str_replace`'s, which took 2000)."""

@@ -1,7 +1,7 @@
-"""`python -m experiments.binary_search_rl.copy_probe --task=offset|induction|keyed [--steps=N]`
+"""`python -m experiments.binary_search_rl.copy_probe --task=offset|induction|repeat|keyed [--steps=N]`
 
 Can the study's policy (`TinyModelConfig`: 4 layers, 128 wide) learn the copy an edit needs,
-outside the agent format? Three synthetic tasks over random ids (vocabulary 3000, batch 32),
+outside the agent format? Four synthetic tasks over random ids (vocabulary 3000, batch 32),
 trained from scratch with AdamW (warm-up, cosine decay); loss and accuracy only on the tokens
 that must be copied, printed every 100 steps:
 
@@ -10,6 +10,9 @@ that must be copied, printed every 100 steps:
     induction  96 ids in which a 12-id segment recurs at a random later offset; scored after
                the recurrence's first id: find the earlier occurrence of the current id and
                copy what followed it (an induction head)
+    repeat     a random prefix of 8-48 ids, then that prefix repeated to the end: the copy's
+               distance differs from row to row, so content must find it, and half of every row
+               is a copy to learn from
     keyed      10 lines `k | x_1..x_6 NL`, then `QUERY k` -> x_1..x_6 of line k: the look-up
                `replace_lines` needs (line number -> that line's text), then induction
 
@@ -51,6 +54,20 @@ def induction_batch(rng, t: int = 96, s: int = 12):
     return ids, mask
 
 
+def repeat_batch(rng, t: int = 96):
+    """A random prefix of random length n (8..t/2) followed by its repeat: the distance to
+    the copy changes from row to row, so no one relative position finds it (unlike `offset`),
+    and half of every row is a copy to learn from (unlike `induction`'s one segment)."""
+    ids = rng.integers(10, VOCAB, (BATCH, t))
+    mask = np.zeros((BATCH, t), np.float32)
+    for b in range(BATCH):
+        n = rng.integers(8, t // 2 + 1)
+        reps = np.resize(ids[b, :n], t - n)
+        ids[b, n:] = reps
+        mask[b, n + 1:] = 1
+    return ids, mask
+
+
 def keyed_batch(rng, lines: int = 10, width: int = 6):
     bar, nl, query = 3, 4, 5
     rows, masks = [], []
@@ -67,29 +84,29 @@ def keyed_batch(rng, lines: int = 10, width: int = 6):
     return np.array(rows), np.array(masks)
 
 
-TASKS = {"offset": offset_batch, "induction": induction_batch, "keyed": keyed_batch}
+TASKS = {"offset": offset_batch, "induction": induction_batch, "repeat": repeat_batch, "keyed": keyed_batch}
 
 
-def run(task: str, steps: int, lr: float, seed: int = 0) -> list[tuple[int, float, float]]:
-    """Train a fresh policy on `task`; returns (step, loss, copy accuracy) every 100 steps."""
+def run(task: str, steps: int, lr: float, seed: int = 0, then: tuple[str, ...] = ()) -> list[tuple[int, float, float]]:
+    """Train a fresh policy on `task`; returns (step, loss, copy accuracy) every 100 steps.
+    `then`: tasks the trained policy is scored on afterwards, without training on them (is
+    the copy it learnt a general one?); printed, 8 fresh batches each."""
     make = TASKS[task]
     rng = np.random.default_rng(seed)
     model = CausalLM(TinyModelConfig().build(VOCAB), rngs=nnx.Rngs(seed))
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, min(50, steps // 2), steps, lr / 10)
     opt = nnx.Optimizer(model, optax.adamw(sched), wrt=nnx.Param)
-    t = make(np.random.default_rng(seed))[0].shape[1]
-    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (BATCH, t))
-    att = jnp.ones((BATCH, t), jnp.int32)
+    def loss_fn(m, ids, mask):
+        t = ids.shape[1]
+        pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), ids.shape)
+        logits = m(ids, pos, jnp.ones_like(ids))[:, :-1]  # [B, T-1, V] predicts ids[:, 1:]
+        target, w = ids[:, 1:], mask[:, 1:]
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, target)
+        return (ce * w).sum() / w.sum(), ((jnp.argmax(logits, -1) == target) * w).sum() / w.sum()
 
     @nnx.jit
     def step(model, opt, ids, mask):
-        def loss_fn(m):
-            logits = m(ids, pos, att)[:, :-1]  # [B, T-1, V] predicts ids[:, 1:]
-            target, w = ids[:, 1:], mask[:, 1:]
-            ce = optax.softmax_cross_entropy_with_integer_labels(logits, target)
-            return (ce * w).sum() / w.sum(), ((jnp.argmax(logits, -1) == target) * w).sum() / w.sum()
-
-        (loss, acc), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        (loss, acc), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, ids, mask)
         opt.update(model, grads)
         return loss, acc
 
@@ -101,6 +118,11 @@ def run(task: str, steps: int, lr: float, seed: int = 0) -> list[tuple[int, floa
             out.append((s, float(loss), float(acc)))
             print(f"[{task}] step {s} loss {float(loss):.3f} copy accuracy {float(acc):.3f} ({time.time() - t0:.0f}s)",
                   flush=True)
+    score = nnx.jit(loss_fn)
+    for other in then:
+        res = [score(model, *(jnp.asarray(a) for a in TASKS[other](rng))) for _ in range(8)]
+        print(f"[{task} -> {other}] untrained on it: loss {np.mean([float(r[0]) for r in res]):.3f} "
+              f"copy accuracy {np.mean([float(r[1]) for r in res]):.3f}", flush=True)
     return out
 
 
@@ -111,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--then", default="", help="comma-separated tasks to score the trained policy on afterwards")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    run(args.task, args.steps, args.lr, args.seed)
+    then = tuple(t for t in args.then.split(",") if t)
+    unknown = [t for t in then if t not in TASKS]
+    if unknown:
+        parser.error(f"--then: unknown task(s) {unknown}; choose from {sorted(TASKS)}")
+    run(args.task, args.steps, args.lr, args.seed, then)
     return 0
 
 

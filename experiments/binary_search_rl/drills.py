@@ -19,6 +19,14 @@ The templates draw identifiers from small pools (4-5 names per role), so a polic
 lower the loss by guessing a pool's name. `random_name_tasks` re-instantiates a share of
 the drill instances with made-up identifiers and module names (syllable words never seen
 in the pools), where only a copy is right.
+
+`whole_transcript_loss` turns the drills into pretraining in the LLM sense: next-token loss on
+every token after the shared system prompt, the tool results included. Inside a file an
+identifier recurs (`lo` on five lines); after its first occurrence each later one is
+predictable only by a look-up in the context, the same content-keyed copy an edit needs. With
+the loss on the policy's calls alone that copy is supervised on the few tokens of each call;
+on the whole transcript it is supervised on every recurring token of every observation, at
+the same compute per step.
 """
 from __future__ import annotations
 
@@ -26,6 +34,10 @@ import keyword
 import os
 import random
 import tempfile
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
 
 from jaxrl_agent.demonstrations import transcript_to_episode
 from jaxrl_agent.env.expert import Transcript, _wrong, plan_edits
@@ -119,6 +131,48 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
         act(tool, **plan[0])
     act("submit")
     return tr
+
+
+def copy_sequences(n: int, ids: Sequence[int], *, length: int = 512, seed: int = 0) -> list[Episode]:
+    """`n` synthetic copy sequences over `ids`: a random prefix of random length m
+    (8 <= m <= length / 2), then that prefix repeated to `length`; loss on the repeat from its
+    second token on (the first cannot be known to start a repeat).
+
+    The circuit every edit needs is a content-keyed copy (an induction head: find where the
+    current token occurred before and emit what followed it). In the drills it is supervised
+    on a few tokens per call and never forms in their budget; here half of every sequence is
+    such a copy, its distance differs from row to row (no single relative position finds it),
+    and `copy_probe.py --task=repeat` measures how fast it forms. Deterministic in `seed`.
+    """
+    if not 16 <= length or len(ids) < 2:
+        raise ValueError(f"copy_sequences needs length >= 16 (got {length}) and at least 2 ids (got {len(ids)})")
+    pool = np.asarray(ids, np.int64)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        m = int(rng.integers(8, length // 2 + 1))
+        seq = np.resize(rng.choice(pool, m), length).tolist()  # prefix, then its repeats
+        mask = [0] * (m + 1) + [1] * (length - m - 1)
+        out.append(Episode(seq, mask, [0.0] * length, [0] * length, group_id=i))
+    return out
+
+
+def whole_transcript_loss(episodes: list[Episode]) -> list[Episode]:
+    """`episodes` with `loss_mask` 1 on every token after their longest common prefix (the
+    system prompt every episode shares, which would only dilute the mean); 0 before it.
+
+    Raises ValueError for fewer than two episodes (no shared prefix to find) or when an
+    episode is nothing but that prefix.
+    """
+    if len(episodes) < 2:
+        raise ValueError("whole_transcript_loss needs at least two episodes to find their shared prompt")
+    first = episodes[0].ids
+    n = min(len(e.ids) for e in episodes)
+    for e in episodes[1:]:
+        n = next((k for k in range(n) if e.ids[k] != first[k]), n)
+    if n >= min(len(e.ids) for e in episodes):
+        raise ValueError("an episode is only the shared prompt: nothing to train on")
+    return [replace(e, loss_mask=[0] * n + [1] * (len(e.ids) - n)) for e in episodes]
 
 
 def make_drills(tasks: list[Task], chat: ChatFormat, *, seed: int, extra_edits: int = 2,

@@ -35,7 +35,7 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.drills import make_drills, random_name_tasks
+from experiments.binary_search_rl.drills import copy_sequences, make_drills, random_name_tasks, whole_transcript_loss
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
@@ -185,9 +185,22 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     if done is not None:
         return done
     tasks = random_name_tasks(generate_tasks("train", p.num_tasks, cfg.seed + 100), p.random_names, cfg.seed)
-    drills = make_drills(tasks, chat_format(cfg), seed=cfg.seed, extra_edits=p.extra_edits)
-    return finish(cfg, "pretrain", stamp, _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size,
-                                               learning_rate=p.learning_rate, init=None))
+    chat = chat_format(cfg)
+    drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits)
+    if p.whole_transcript:
+        drills = whole_transcript_loss(drills)
+    init, copy = None, None
+    if p.copy_steps > 0:  # the copy circuit first, on every ordinary (not special) id
+        special = set(chat.tokenizer.hf.get_added_vocab().values())
+        ids = [i for i in range(chat.tokenizer.vocab_size) if i not in special]
+        copy = _fit(cfg, "pretrain_copy", copy_sequences(p.copy_steps * p.batch_size, ids, seed=cfg.seed),
+                    steps=p.copy_steps, batch_size=p.batch_size, learning_rate=p.copy_learning_rate, init=None)
+        init = copy["policy"]
+    result = _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
+                  init=init)
+    if copy is not None:
+        result |= {"copy_nll": copy["nll"], "copy_seconds": copy["seconds"]}
+    return finish(cfg, "pretrain", stamp, result)
 
 
 def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, base: dict | None, *,
