@@ -42,10 +42,16 @@ class PretrainStage:
     random_names: float = 0.0
     """Share of drill instances re-made with made-up identifiers (`drills.random_name_tasks`),
     where guessing a pool's name cannot be right (measured at 0.5: worse, see the README)."""
-    copy_steps: int = 0
-    """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`, `batch_size` of 512
-    tokens each) before the drills: the content-keyed copy (induction head) the drills need
-    and, alone, never form. 0 skips them."""
+    copy_steps: int = 1000
+    """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`) before the drills:
+    the content-keyed copy (induction head) the drills need and, alone, never form. 0 skips
+    them. With them, 250 drill steps copy 0.87 of an edit's tokens under teacher forcing
+    against 0.54 without (README, "the copy stage")."""
+    copy_length: int = 96
+    """Tokens per copy sequence. Short, because the copy forms from the gradient that reaches
+    the one right position among all earlier ones: in 800 steps of 8 x 512 tokens it did not."""
+    copy_batch_size: int = 32
+    """Copy sequences per step."""
     copy_learning_rate: float = 1e-3
     """AdamW peak learning rate of the copy steps (cosine decay to 10%, 4% warm-up)."""
     whole_transcript: bool = False

@@ -149,9 +149,9 @@ def _load_episodes(path: str) -> list[Episode]:
 
 # ---- 2. pretraining on edit drills, SFT (all demonstrations / successful ones only) ----
 def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_size: int, learning_rate: float,
-         init: str | None) -> dict:
+         init: str | None, buckets: tuple[int, ...] = (512, 640, 768, 896, 1024, 1536, 2048)) -> dict:
     """Masked-NLL training of `init` (an HF policy directory; None: a fresh tiny model) on
-    `data`; exported to `<work_dir>/<name>/policy`."""
+    `data` padded to `buckets`; exported to `<work_dir>/<name>/policy`."""
     t0 = time.time()
     tok = load_tokenizer()
     if init:
@@ -160,7 +160,7 @@ def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_
         model = CausalLM(cfg.model.build(tok.vocab_size), rngs=nnx.Rngs(cfg.seed))
     optim = OptimConfig(learning_rate=learning_rate, schedule="cosine", warmup_steps=max(1, steps // 25),
                         total_steps=steps, min_lr_ratio=0.1, weight_decay=0.0, max_grad_norm=1.0)
-    traj = TrajectoryConfig(buckets=(512, 640, 768, 896, 1024, 1536, 2048), overflow="truncate")
+    traj = TrajectoryConfig(buckets=buckets, overflow="truncate")
     nll = []
 
     def on_step(step, metrics):
@@ -193,8 +193,9 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     if p.copy_steps > 0:  # the copy circuit first, on every ordinary (not special) id
         special = set(chat.tokenizer.hf.get_added_vocab().values())
         ids = [i for i in range(chat.tokenizer.vocab_size) if i not in special]
-        copy = _fit(cfg, "pretrain_copy", copy_sequences(p.copy_steps * p.batch_size, ids, seed=cfg.seed),
-                    steps=p.copy_steps, batch_size=p.batch_size, learning_rate=p.copy_learning_rate, init=None)
+        seqs = copy_sequences(p.copy_steps * p.copy_batch_size, ids, length=p.copy_length, seed=cfg.seed)
+        copy = _fit(cfg, "pretrain_copy", seqs, steps=p.copy_steps, batch_size=p.copy_batch_size,
+                    learning_rate=p.copy_learning_rate, init=None, buckets=(p.copy_length,))
         init = copy["policy"]
     result = _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
                   init=init)
