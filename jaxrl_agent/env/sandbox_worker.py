@@ -114,11 +114,12 @@ class _Worker:
         while True:
             # The next call's manager (and its child) are made at once, before any request
             # is waiting: namespaces and forks cost the caller nothing while the pool idles.
+            worker = os.getpid()
             pid = os.fork()
             if pid == 0:
                 code = 1
                 try:
-                    code = self._manage(conn)
+                    code = self._manage(conn, worker)
                 finally:
                     os._exit(code)
             _, status = os.waitpid(pid, 0)
@@ -136,11 +137,13 @@ class _Worker:
 
     # ---- one call (in the manager process) ----
 
-    def _manage(self, conn) -> int:
+    def _manage(self, conn, worker: int) -> int:
         if self.jail is not None:
             jail.unshare_call()
         jail.prctl(jail.PR_SET_CHILD_SUBREAPER, 1)  # orphans of the call re-parent here
         jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker's death ends the call
+        if os.getppid() != worker:  # it died before PDEATHSIG was set: no signal will come
+            return _EOF
         instr_r, instr_w = os.pipe()
         io = [os.pipe() for _ in range(4)]  # child stdout, stderr, judge->child, child->judge
         pid = os.fork()
