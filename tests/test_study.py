@@ -371,3 +371,18 @@ def test_copy_probe_batches_score_only_tokens_that_a_copy_can_give():
                 assert row[t] in row[:t - 1], (name, t)
     # compiles and steps (figures every 100 steps), then scores the untrained task
     assert run("keyed", steps=2, lr=1e-3, then=("repeat",)) == []
+
+
+@pytest.mark.slow
+def test_pretrain_check_diagnoses_the_drilled_base_and_the_copy_only_model(tmp_path, capsys):
+    """The pretraining stage alone, then the teacher-forced diagnostic of both its models."""
+    from experiments.binary_search_rl.pretrain_check import main as check_main
+
+    tiny = [a for a in TINY if a.startswith(("--model.", "--pretrain."))]
+    assert check_main(tiny + ["--pretrain.copy_batch_size=2", "--diagnose.tasks=2", f"--work_dir={tmp_path}"]) == 0
+    out = json.loads((tmp_path / "pretrain_check.json").read_text())
+    assert set(out["diagnostics"]["per_policy"]) == {"pretrain", "copy_only"}
+    assert out["config"]["pretrain"]["copy_steps"] == 2 and "copy_nll_last_50" in out
+    assert "drilled base" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no pretraining stage"):
+        check_main(["--pretrain.steps=0", f"--work_dir={tmp_path}"])
