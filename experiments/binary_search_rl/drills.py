@@ -26,7 +26,8 @@ identifier recurs (`lo` on five lines); after its first occurrence each later on
 predictable only by a look-up in the context, the same content-keyed copy an edit needs. With
 the loss on the policy's calls alone that copy is supervised on the few tokens of each call;
 on the whole transcript it is supervised on every recurring token of every observation, at
-the same compute per step.
+the same compute per step. Measured, it did not help (README at the repository's root, "the
+copy stage"); `copy_sequences` did: the copy forms there, and the drills build on it.
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
     return tr
 
 
-def copy_sequences(n: int, ids: Sequence[int], *, length: int = 512, seed: int = 0) -> list[Episode]:
+def copy_sequences(n: int, ids: Sequence[int], *, length: int = 96, seed: int = 0) -> list[Episode]:
     """`n` synthetic copy sequences over `ids`: a random prefix of random length m
     (8 <= m <= length / 2), then that prefix repeated to `length`; loss on the repeat from its
     second token on (the first cannot be known to start a repeat).
@@ -144,7 +145,7 @@ def copy_sequences(n: int, ids: Sequence[int], *, length: int = 512, seed: int =
     such a copy, its distance differs from row to row (no single relative position finds it),
     and `copy_probe.py --task=repeat` measures how fast it forms. Deterministic in `seed`.
     """
-    if not 16 <= length or len(ids) < 2:
+    if length < 16 or len(ids) < 2:
         raise ValueError(f"copy_sequences needs length >= 16 (got {length}) and at least 2 ids (got {len(ids)})")
     pool = np.asarray(ids, np.int64)
     rng = np.random.default_rng(seed)

@@ -199,8 +199,9 @@ def pretrain(cfg: StudyConfig) -> dict | None:
         init = copy["policy"]
     result = _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
                   init=init)
-    if copy is not None:
-        result |= {"copy_nll": copy["nll"], "copy_seconds": copy["seconds"]}
+    if copy is not None:  # one stage: its seconds are the copy steps' and the drills'
+        result |= {"copy_nll": copy["nll"], "copy_seconds": copy["seconds"],
+                   "seconds": result["seconds"] + copy["seconds"]}
     return finish(cfg, "pretrain", stamp, result)
 
 
