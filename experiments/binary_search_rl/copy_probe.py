@@ -32,6 +32,8 @@ from flax import nnx
 from jaxrl_agent.model import CausalLM
 from jaxrl_agent.pipelines import TinyModelConfig
 
+from experiments.binary_search_rl.drills import copy_sequences
+
 VOCAB, BATCH = 3000, 32
 
 
@@ -55,17 +57,11 @@ def induction_batch(rng, t: int = 96, s: int = 12):
 
 
 def repeat_batch(rng, t: int = 96):
-    """A random prefix of random length n (8..t/2) followed by its repeat: the distance to
-    the copy changes from row to row, so no one relative position finds it (unlike `offset`),
-    and half of every row is a copy to learn from (unlike `induction`'s one segment)."""
-    ids = rng.integers(10, VOCAB, (BATCH, t))
-    mask = np.zeros((BATCH, t), np.float32)
-    for b in range(BATCH):
-        n = rng.integers(8, t // 2 + 1)
-        reps = np.resize(ids[b, :n], t - n)
-        ids[b, n:] = reps
-        mask[b, n + 1:] = 1
-    return ids, mask
+    """The study's copy stage (`drills.copy_sequences`) over the probe's ids: a random prefix
+    of random length (8..t/2) followed by its repeat, so the distance to the copy changes from
+    row to row (unlike `offset`) and half of every row is a copy (unlike `induction`)."""
+    seqs = copy_sequences(BATCH, range(10, VOCAB), length=t, seed=int(rng.integers(2 ** 31)))
+    return np.array([s.ids for s in seqs]), np.array([s.loss_mask for s in seqs], np.float32)
 
 
 def keyed_batch(rng, lines: int = 10, width: int = 6):
