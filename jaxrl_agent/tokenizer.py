@@ -235,7 +235,7 @@ class ChatFormat:
 
     def __init__(self, tokenizer: Tokenizer, tool_style: str = "full", use_tokenizer_template: bool = False):
         if tool_style not in TOOL_SETS:
-            raise ValueError(f"tool_style must be 'full' or 'short', got {tool_style!r}")
+            raise ValueError(f"tool_style must be one of {sorted(TOOL_SETS)}, got {tool_style!r}")
         self.tokenizer, self.tool_style, self.use_tokenizer_template = tokenizer, tool_style, use_tokenizer_template
         self.tool_schemas = tool_schemas(tool_style)
         """The tools this style offers (pass them to `EpisodeBuilder` and `ToolSession`)."""

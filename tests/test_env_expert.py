@@ -22,14 +22,14 @@ def episode(sb, tmp_path, style, task=TASK, seed=0, tool_style="full"):
     return run_expert(task, ws, sb, style, random.Random(seed), tool_style=tool_style)
 
 
-EDIT = {"full": "str_replace", "short": "replace_lines", "numbered": "replace_lines"}
+EDIT = {"full": "str_replace", "short": "replace_lines", "numbered": "replace_lines", "lines": "str_replace"}
 
 
 def tools_used(tr):
     return [parse_tool_call(a).name for a, _ in tr.turns]
 
 
-@pytest.mark.parametrize("tool_style", ["full", "short", "numbered"])
+@pytest.mark.parametrize("tool_style", ["full", "short", "numbered", "lines"])
 def test_transcript_is_a_valid_episode(sb, tmp_path, tool_style):
     tr = episode(sb, tmp_path, "perfect", tool_style=tool_style)
     assert tr.reward == 1.0 and tr.termination == "submitted"
@@ -46,6 +46,10 @@ def test_transcript_is_a_valid_episode(sb, tmp_path, tool_style):
         assert all(e["text"].startswith(f"{e['start']}|") for e in edits)
     elif tool_style == "short":
         assert all(e["text"].startswith(" ") for e in edits)  # whole lines, indentation included
+    elif tool_style == "lines":  # whole lines as read_file prints them, each a line of the file
+        lines = TASK.files[TASK.metadata["source_file"]].splitlines()
+        assert [e["old"] for e in edits] == ["            low = mid", "            high = mid"]
+        assert all(e["old"] in lines and e["new"].startswith(e["old"]) for e in edits)
     assert tr.to_dict()["turns"][0][0] == tr.turns[0][0]
 
 
@@ -61,7 +65,7 @@ def test_first_bug_only_fails_a_two_bug_task(sb, tmp_path, tool_style):
     assert tr.reward == 0.0 and tr.verify_info["reason"] == "failed"
 
 
-@pytest.mark.parametrize("tool_style", ["full", "short"])
+@pytest.mark.parametrize("tool_style", ["full", "short", "lines"])
 def test_wrong_first_edit_recovers_after_failing_run(sb, tmp_path, tool_style):
     tr = episode(sb, tmp_path, "wrong_first_edit", tool_style=tool_style)
     names = tools_used(tr)
@@ -108,6 +112,18 @@ def test_edit_planning_handles_same_line_and_repeated_text():
     assert _wrong("low = mid + 1\n", "low = mid\n") == "low = mid + 2\n"
 
 
+def test_whole_line_str_replace_edits_are_unique_whole_lines():
+    """"lines" style: `old` keeps the indentation and is grown to a unique block when the line
+    alone is not unique (also as a substring of a more indented line)."""
+    cur = "def f(a):\n    x = a < 1\n    y = a < 2\n    return x\n"
+    ref = "def f(a):\n    x = a <= 1\n    y = a <= 2\n    return x\n"
+    assert _edits(cur, ref, whole_lines=True) == [("    x = a < 1\n    y = a < 2", "    x = a <= 1\n    y = a <= 2")]
+    cur, ref = "if a:\n        x = 0\n    x = 0\n", "if a:\n        x = 0\n    x = 1\n"
+    (old, new), = _edits(cur, ref, whole_lines=True)
+    assert cur.count(old) == 1 and cur.replace(old, new) == ref and old.endswith("    x = 0")
+    assert _edits("a\nb", "a\nc", whole_lines=True) == [("b", "c")]  # no final newline
+
+
 def test_line_edits_are_whole_lines_in_file_order():
     cur = "def f(a):\n    x = a < 1\n    y = a < 2\n    return x\n"
     ref = "def f(a):\n    x = a <= 1\n    y = a <= 2\n    return x\n"
@@ -118,7 +134,7 @@ def test_line_edits_are_whole_lines_in_file_order():
     assert _line_edits("a\nb\nb\nc\n", "a\nx\nc\n") == [(2, 3, "x")]
 
 
-@pytest.mark.parametrize("tool_style", ["full", "short"])
+@pytest.mark.parametrize("tool_style", ["full", "short", "lines"])
 def test_success_rates_order_on_generated_tasks(sb, tool_style):
     tasks = generate_tasks("train", 4, 2)
     res = measure(tasks, sb, styles=STYLES, cfg=ToolConfig(test_timeout_s=0.3), tool_style=tool_style)

@@ -89,11 +89,11 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
 
     restores = 0
     for i, task in enumerate(generate_tasks("train", 12, 5)):
-        tool_style = ("short", "full", "numbered")[i % 3]
-        edit = '"replace_lines"' if tool_style == "short" else '"str_replace"'
+        tool_style = ("short", "full", "numbered", "lines")[i % 4]
+        edit = '"str_replace"' if tool_style in ("full", "lines") else '"replace_lines"'
         ws = create_workspaces(workspace_files(task), str(tmp_path / str(i)), 1)[0]
         # extra_edits past the tools' turn limit (12): a drill once died on its own `submit`
-        tr = drill_transcript(task, ws, random.Random(i), extra_edits=(12, 2)[i % 2], tool_style=tool_style)
+        tr = drill_transcript(task, ws, random.Random(i), extra_edits=(12, 2)[i % 3 % 2], tool_style=tool_style)
         assert all(not obs.startswith("Error") for _, obs in tr.turns), tr.turns
         assert '"submit"' in tr.turns[-1][0]
         path = task.metadata["source_file"]
@@ -251,12 +251,34 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
             return out
         return f
 
-    good = turn_accuracy([ep], predict(None), tok.decode, max_len=128, files=[files])["replace_lines_parts"]
+    good = turn_accuracy([ep], predict(None), tok.decode, max_len=128, files=[files])["edit_parts"]
     assert all(good[p]["token_accuracy"] == 1.0 and good[p]["turns_all_right"] == 1.0 for p in ("lines", "copy", "fix"))
-    bad = turn_accuracy([ep], predict(first_fix), tok.decode, max_len=128, files=[files])["replace_lines_parts"]
+    bad = turn_accuracy([ep], predict(first_fix), tok.decode, max_len=128, files=[files])["edit_parts"]
     assert bad["fix"]["turns_all_right"] == 0.0 and bad["fix"]["token_accuracy"] == pytest.approx(1 - 1 / bad["fix"]["tokens"])
     assert bad["copy"]["turns_all_right"] == bad["lines"]["turns_all_right"] == 1.0
-    assert "replace_lines_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
+    assert "edit_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
+
+
+def test_str_replace_turn_tokens_split_into_the_old_lines_copied_text_and_the_fix():
+    """A whole-line str_replace turn ("lines" style): `old` is its address, the new line's
+    unchanged text a copy, its changed text the fix."""
+    from jaxrl_agent.env.tasks import binary_search_task, workspace_files
+    from jaxrl_agent.env.tool_calls import format_tool_call
+    from jaxrl_agent.tokenizer import load_tokenizer
+    from experiments.binary_search_rl.diagnostics import edit_parts
+
+    tok = load_tokenizer()
+    task = binary_search_task()
+    files = workspace_files(task)
+    path = task.metadata["source_file"]
+    call = tok.encode(format_tool_call("str_replace", {"path": path, "old": "            low = mid",
+                                                       "new": "            low = mid + 1"}) + "<|im_end|>")
+    parts = edit_parts(call, tok.decode, files)
+    text = lambda part: "".join(tok.decode([t]) for t, p in zip(call, parts) if p == part)
+    assert text("old") == "            low = mid" and text("copy") == "            low = mid"
+    assert text("fix").strip() == "+ 1" and "lines" not in parts
+    bad = tok.encode(format_tool_call("str_replace", {"path": path, "old": 3, "new": "x"}))
+    assert edit_parts(bad, tok.decode, files) is None
 
 
 def _fake_split(p1: float, n: int = 200) -> dict:

@@ -180,8 +180,9 @@ class StudyConfig:
     seed: int = 0
     """Seed of the training tasks, expert choices, initialisation and sampling."""
     tool_style: str = "short"
-    """Chat tool style of every episode (tokenizer.ChatFormat): "short" (replace_lines edits) or
-    "numbered" (the same, its text written with read_file's `N|` prefixes)."""
+    """Chat tool style of every episode (tokenizer.ChatFormat): "short" (replace_lines edits),
+    "numbered" (the same, its text written with read_file's `N|` prefixes) or "lines"
+    (str_replace of whole lines: addressed by the line's content, no line number to look up)."""
     test_timeout_s: float = 0.05
     """Per-test CPU-time limit (seconds, ITIMER_PROF) of the agent's run_tests. A correct
     solution in this family runs a test in well under a millisecond; a loop bug burns the whole

@@ -7,9 +7,10 @@ as reproduced when the policy's argmax gives every one of its tokens: the tool a
 argument. Grouped by tool, this separates the decisions (`list_files` or `read_file` first,
 when to run the tests, when to submit) from the copying and fixing inside an edit,
 whose turns are tens of tokens that must all be right. An edit turn is split further
-(`edit_parts`): its line numbers, the text the replaced lines already hold (a copy from the
-file the policy read) and the text the edit changes (the fix), so a failing edit says whether
-the policy cannot find and copy the line or does not know the fix. A measurement only:
+(`edit_parts`): its address (`replace_lines`' line numbers, or `str_replace`'s `old` lines),
+the text the replaced lines already hold (a copy from the file the policy read) and the text
+the edit changes (the fix), so a failing edit says whether the policy cannot find and copy
+the line or does not know the fix. A measurement only:
 nothing is chosen with it, and its instances are disjoint from the evaluation's and the
 learning curve's.
 """
@@ -60,45 +61,65 @@ def expert_turns(episode: Episode, decode) -> list[tuple[str, list[int]]]:
     return out
 
 
-EDIT_PARTS = ("lines", "copy", "fix")
+EDIT_PARTS = ("lines", "old", "copy", "fix")
+
+
+def _call_span(text: str, key: str, value: str) -> tuple[int, str]:
+    """(offset, JSON-escaped form) of string argument `key` = `value` in the call `text`; -1 if absent."""
+    raw = json.dumps(value, ensure_ascii=False)[1:-1]
+    at = text.find(f'"{key}": "{raw}"')
+    return (at + len(f'"{key}": "') if at >= 0 else -1), raw
 
 
 def edit_parts(ids: list[int], decode, files: dict[str, str]) -> list[str] | None:
-    """What each token of one `replace_lines` turn writes: "lines" (the start / end numbers),
-    "copy" (text of the `text` argument that the replaced lines of `files` already hold),
-    "fix" (text the edit adds or changes) or "other" (tool name, path, JSON, stop token).
+    """What each token of one edit turn writes, so a wrong edit says which part went wrong:
+    - "lines": `replace_lines`' start / end numbers (its address in the file);
+    - "old": `str_replace`'s `old` text (its address: a copy of the line(s) to change);
+    - "copy": text of the new lines that the replaced lines already hold (a copy from the file);
+    - "fix": text the edit adds or changes;
+    - "other": tool name, path, JSON, stop token.
 
     Characters are compared in the call's own JSON-escaped form (difflib over the old and new
     lines); a token touching a changed character is "fix". None when `ids` is not one
-    well-formed replace_lines call on a file of `files`."""
+    well-formed edit call on a file of `files`."""
     text = decode(ids)
     try:
         call = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])
-        args = call["arguments"]
-        path, start, end, new = args["path"], int(args["start"]), int(args["end"]), args["text"]
-    except (IndexError, ValueError, KeyError, TypeError):
+        name, args = call["name"], call["arguments"]
+        path = args["path"]
+        if name == "replace_lines":
+            start, end, new = int(args["start"]), int(args["end"]), args["text"]
+            old = "\n".join(files[path].split("\n")[start - 1:end])
+            key = "text"
+        elif name == "str_replace":
+            old, new, key = args["old"], args["new"], "new"
+        else:
+            return None
+    except (IndexError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if call.get("name") != "replace_lines" or path not in files or not isinstance(new, str):
+    if path not in files or not isinstance(new, str) or not isinstance(old, str):
         return None
-    raw_new = json.dumps(new, ensure_ascii=False)[1:-1]
-    at = text.find('"text": "' + raw_new + '"')
+    at, raw_new = _call_span(text, key, new)
     if at < 0:
         return None
-    at += len('"text": "')
-    old = "\n".join(files[path].split("\n")[start - 1:end])
-    kind = np.zeros(len(text), np.int8)  # 0 other, 1 lines, 2 copy, 3 fix
-    kind[at:at + len(raw_new)] = 2
+    kind = np.zeros(len(text), np.int8)  # 0 other, 1 lines, 2 old, 3 copy, 4 fix
+    if name == "str_replace":
+        at_old, raw_old = _call_span(text, "old", old)
+        if at_old < 0:
+            return None
+        kind[at_old:at_old + len(raw_old)] = 2
+    kind[at:at + len(raw_new)] = 3
     matcher = difflib.SequenceMatcher(None, json.dumps(old, ensure_ascii=False)[1:-1], raw_new, autojunk=False)
     for tag, _, _, j1, j2 in matcher.get_opcodes():
         if tag != "equal":
-            kind[at + j1:at + j2] = 3
-    for m in re.finditer(r'"(?:start|end)": (\d+)', text[:at]):
+            kind[at + j1:at + j2] = 4
+    for m in re.finditer(r'"(?:start|end)": (\d+)', text[:at] if name == "replace_lines" else ""):
         kind[m.start(1):m.end(1)] = 1
     out, prev = [], 0
     for i in range(len(ids)):
         cut = max(prev, len(decode(ids[: i + 1])))
         span = kind[prev:cut]
-        out.append(("other", "lines", "copy", "fix")[int(span.max())] if span.size else "other")
+        out.append((("other",) + EDIT_PARTS)[int(span.max())] if span.size else "other")
         prev = cut
     return out
 
@@ -112,12 +133,12 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
       predict: int32 `[B, T]` ids, int32 `[B, T]` mask -> int `[B, T]` argmax next-token ids.
       decode: ids -> text (the tokenizer's).
       max_len: T; turns reaching past it are not scored.
-      files: per episode, its task's files before any edit; with them, `replace_lines` turns
-        are also scored by part (`edit_parts`).
+      files: per episode, its task's files before any edit; with them, edit turns are also
+        scored by part (`edit_parts`).
     Returns:
       {tool: {"turns", "exact", "token_accuracy", "tokens_per_turn"}} plus "all" over every turn,
-      and with `files` "replace_lines_parts": {part: {"turns" (holding that part), "tokens",
-      "token_accuracy", "turns_all_right"}} for the parts "lines", "copy", "fix".
+      and with `files` "edit_parts": {part: {"turns" (holding that part), "tokens",
+      "token_accuracy", "turns_all_right"}} for the parts of `EDIT_PARTS` the edits hold.
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # the same per part of an edit turn
@@ -146,7 +167,7 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
     out = {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2], "tokens_per_turn": c[2] / c[0]}
            for k, c in counts.items()}
     if files:
-        out["replace_lines_parts"] = {k: {"turns": c[0], "tokens": c[2], "token_accuracy": c[3] / c[2],
+        out["edit_parts"] = {k: {"turns": c[0], "tokens": c[2], "token_accuracy": c[3] / c[2],
                                           "turns_all_right": c[1] / c[0]} for k, c in parts.items()}
     return out
 
@@ -199,11 +220,15 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
         cells = [f"{per_tool[t]['exact']:.2f} ({per_tool[t]['token_accuracy']:.3f})" if t in per_tool else "-"
                  for t in tools]
         rows.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
-    edits = {n: p["replace_lines_parts"] for n, p in diag["per_policy"].items() if p.get("replace_lines_parts")}
+    edits = {n: p.get("edit_parts") or p.get("replace_lines_parts") for n, p in diag["per_policy"].items()}
+    edits = {n: p for n, p in edits.items() if p}
     if edits:
-        rows += ["", "| `replace_lines` turns by part: all of the part right (token accuracy) | line numbers | "
-                 "text copied from the file | the fix |", "|---|---|---|---|"]
+        shown = [k for k in EDIT_PARTS if any(k in p for p in edits.values())]
+        heads = {"lines": "line numbers", "old": "`old` (the lines copied to address the edit)",
+                 "copy": "text copied from the file", "fix": "the fix"}
+        rows += ["", "| edit turns by part: all of the part right (token accuracy) | "
+                 + " | ".join(heads[k] for k in shown) + " |", "|---" * (len(shown) + 1) + "|"]
         for name, p in edits.items():
             rows.append(f"| {labels.get(name, name)} | " + " | ".join(
-                f"{p[k]['turns_all_right']:.2f} ({p[k]['token_accuracy']:.3f})" if k in p else "-" for k in EDIT_PARTS) + " |")
+                f"{p[k]['turns_all_right']:.2f} ({p[k]['token_accuracy']:.3f})" if k in p else "-" for k in shown) + " |")
     return "\n".join(rows) + "\n"

@@ -117,9 +117,12 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
         wrong = _wrong(line, line)
         if wrong is None or current.count(wrong.strip()) or wrong.strip() in line:
             continue
-        if tool_style != "full":
+        if tool_style in ("short", "numbered"):
             act("replace_lines", path=path, start=k, end=k, text=wrong)  # a plausible change ...
             act("replace_lines", path=path, start=k, end=k, text=line)  # ... copied back exactly
+        elif tool_style == "lines":  # whole lines: unique, since the stripped line is
+            act("str_replace", path=path, old=line, new=wrong)
+            act("str_replace", path=path, old=wrong, new=line)
         else:
             act("str_replace", path=path, old=line.strip(), new=wrong.strip())
             act("str_replace", path=path, old=wrong.strip(), new=line.strip())

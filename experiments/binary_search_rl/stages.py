@@ -175,6 +175,27 @@ def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_
     return {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0}
 
 
+def copy_stage(cfg: StudyConfig, chat) -> dict | None:
+    """The copy circuit (`drills.copy_sequences` over every ordinary, not special, id of the
+    tokenizer), the drills' starting point; None when `pretrain.copy_steps` is 0. Cached on
+    its own: it depends on nothing the drills or the tool style change, so a new drill setting
+    reuses it."""
+    p = cfg.pretrain
+    if p.copy_steps <= 0:
+        return None
+    stamp = {"copy": [p.copy_steps, p.copy_length, p.copy_batch_size, p.copy_learning_rate],
+             "model": asdict(cfg.model), "seed": cfg.seed, "vocab": chat.tokenizer.vocab_size}
+    done = cached(cfg, "pretrain_copy", stamp)
+    if done is not None and os.path.isdir(done["policy"]):
+        return done
+    special = set(chat.tokenizer.hf.get_added_vocab().values())
+    ids = [i for i in range(chat.tokenizer.vocab_size) if i not in special]
+    seqs = copy_sequences(p.copy_steps * p.copy_batch_size, ids, length=p.copy_length, seed=cfg.seed)
+    return finish(cfg, "pretrain_copy", stamp, _fit(cfg, "pretrain_copy", seqs, steps=p.copy_steps,
+                                                    batch_size=p.copy_batch_size, learning_rate=p.copy_learning_rate,
+                                                    init=None, buckets=(p.copy_length,)))
+
+
 def pretrain(cfg: StudyConfig) -> dict | None:
     """The drilled base model all policies start from (None when `pretrain.steps` is 0)."""
     p = cfg.pretrain
@@ -189,14 +210,8 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits)
     if p.whole_transcript:
         drills = whole_transcript_loss(drills)
-    init, copy = None, None
-    if p.copy_steps > 0:  # the copy circuit first, on every ordinary (not special) id
-        special = set(chat.tokenizer.hf.get_added_vocab().values())
-        ids = [i for i in range(chat.tokenizer.vocab_size) if i not in special]
-        seqs = copy_sequences(p.copy_steps * p.copy_batch_size, ids, length=p.copy_length, seed=cfg.seed)
-        copy = _fit(cfg, "pretrain_copy", seqs, steps=p.copy_steps, batch_size=p.copy_batch_size,
-                    learning_rate=p.copy_learning_rate, init=None, buckets=(p.copy_length,))
-        init = copy["policy"]
+    copy = copy_stage(cfg, chat)
+    init = copy and copy["policy"]
     result = _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
                   init=init)
     if copy is not None:  # one stage: its seconds are the copy steps' and the drills'

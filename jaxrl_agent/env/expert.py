@@ -7,7 +7,8 @@ verifier. The transcript is therefore a valid SFT episode.
 
 The expert knows the fix (it diffs the workspace against `task.reference_files`). It edits
 in either tool style (`tool_style`): "full" with `str_replace(path, old, new)`, "short" with
-`replace_lines(path, start, end, text)`, one changed line per call. Its styles add the
+`replace_lines(path, start, end, text)`, one changed line per call, "lines" with `str_replace`
+of whole lines (indentation included, as read_file prints them). Its styles add the
 imperfections real demonstrations have, each a *decision* (the edits it does make are right
 except where a style says otherwise):
 - "perfect": read, run the tests, fix every bug, run the tests again, submit;
@@ -77,14 +78,17 @@ def _line_edits(current: str, reference: str) -> list[tuple[int, int, str]]:
 def plan_edits(current: str, reference: str, path: str, tool_style: str) -> tuple[str, list[dict]]:
     """(tool name, arguments of each remaining correct edit, first one first) turning `path`'s
     `current` text into `reference` with the edit tool of `tool_style`."""
-    if tool_style == "full":
-        return "str_replace", [dict(path=path, old=o, new=n) for o, n in _edits(current, reference)]
+    if tool_style in ("full", "lines"):
+        pairs = _edits(current, reference, whole_lines=tool_style == "lines")
+        return "str_replace", [dict(path=path, old=o, new=n) for o, n in pairs]
     return "replace_lines", [dict(path=path, start=a, end=b, text=t) for a, b, t in _line_edits(current, reference)]
 
 
-def _edits(current: str, reference: str) -> list[tuple[str, str]]:
+def _edits(current: str, reference: str, whole_lines: bool = False) -> list[tuple[str, str]]:
     """(old, new) str_replace pairs turning `current` into `reference`, one per differing
-    block, each `old` grown with context lines until it is unique in `current`."""
+    block, each `old` grown with context lines until it is unique in `current`. With
+    `whole_lines` both are whole lines as read_file prints them (indentation kept, no final
+    newline); otherwise `_trim`med to the shortest faithful edit."""
     cur, ref = current.splitlines(keepends=True), reference.splitlines(keepends=True)
     out = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=cur, b=ref, autojunk=False).get_opcodes():
@@ -95,11 +99,13 @@ def _edits(current: str, reference: str) -> list[tuple[str, str]]:
             lo, hi = (lo - 1, hi) if lo > 0 else (lo, hi + 1)
         while True:
             old = "".join(cur[lo:hi])
+            new = "".join(cur[lo:i1]) + "".join(ref[j1:j2]) + "".join(cur[i2:hi])
+            if whole_lines and old.endswith("\n") and new.endswith("\n"):
+                old, new = old[:-1], new[:-1]
             if current.count(old) == 1 or (lo == 0 and hi == len(cur)):
                 break
             lo, hi = max(lo - 1, 0), min(hi + 1, len(cur))
-        new = "".join(cur[lo:i1]) + "".join(ref[j1:j2]) + "".join(cur[i2:hi])
-        out.append(_trim(old, new, current))
+        out.append((old, new) if whole_lines else _trim(old, new, current))
     return out
 
 
@@ -138,14 +144,15 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
                tool_style: str = "full", judge: bool = True) -> Transcript:
     """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests), editing
     with the tools of `tool_style` ("full": str_replace, "short": replace_lines, "numbered":
-    replace_lines with read_file's `N|` prefixes in its text); with
+    replace_lines with read_file's `N|` prefixes in its text, "lines": str_replace of whole
+    lines); with
     `judge`, the verifier scores the final workspace (`reward`, `verify_info`)."""
     if style not in STYLES:
         raise ValueError(f"unknown expert style {style!r}; expected one of {STYLES}")
     rng = rng or random.Random(0)
     session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg, TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, style)
-    short = tool_style != "full"  # replace_lines edits
+    short = tool_style in ("short", "numbered")  # replace_lines edits
 
     def act(name: str, **args) -> str:
         if session.termination is not None:
@@ -269,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--tool-style", default="full", choices=("full", "short", "numbered"))
+    p.add_argument("--tool-style", default="full", choices=tuple(TOOL_SETS))
     p.add_argument("--out", default=None, help="optional JSON output path")
     args = p.parse_args(argv)
     tasks = generate_tasks(args.split, args.n, args.seed)

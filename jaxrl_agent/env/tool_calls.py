@@ -70,17 +70,22 @@ TOOL_SETS: dict[str, tuple[str, ...]] = {
     "full": ("list_files", "read_file", "str_replace", "run_tests", "submit"),
     "short": ("list_files", "read_file", "replace_lines", "run_tests", "submit"),
     "numbered": ("list_files", "read_file", "replace_lines", "run_tests", "submit"),
+    "lines": ("list_files", "read_file", "str_replace", "run_tests", "submit"),
 }
 """The tools offered in each chat tool style (`tokenizer.ChatFormat.tool_style`). "numbered" is
 "short" whose demonstrations write `replace_lines` text with read_file's `N|` prefixes
 (`10|    x = 1`): the line is then copied after the same tokens that precede it in the
-observation, a plain induction copy instead of a look-up by line number."""
+observation, a plain induction copy instead of a look-up by line number. "lines" edits with
+`str_replace` whose `old` and `new` are whole lines, indentation included, as read_file prints
+them after `N|`: the edit is addressed by the line's content, so it needs no line number (a
+look-up from a line back to the digits before it), and both arguments are token-for-token
+copies of the observation (a line's tokens are the same inside the call's JSON string)."""
 EDIT_TOOLS = ("str_replace", "replace_lines")
 """Tools that change the workspace (behaviour statistics and shaping count these as edits)."""
 
 
 def tool_schemas(style: str = "full") -> list[dict]:
-    """The OpenAI function-format schemas of the tools offered in `style` ("full" / "short")."""
+    """The OpenAI function-format schemas of the tools offered in `style` (a `TOOL_SETS` key)."""
     if style not in TOOL_SETS:
         raise ValueError(f"unknown tool style {style!r}; expected one of {sorted(TOOL_SETS)}")
     return [_BY_NAME[n] for n in TOOL_SETS[style]]
