@@ -406,5 +406,46 @@ def test_pretrain_check_diagnoses_the_drilled_base_and_the_copy_only_model(tmp_p
     assert set(out["diagnostics"]["per_policy"]) == {"pretrain", "copy_only"}
     assert out["config"]["pretrain"]["copy_steps"] == 2 and "copy_nll_last_50" in out
     assert "drilled base" in capsys.readouterr().out
+    # another drill setting and tool style: the copy stage is reused, the drills are not
+    copy_weights = tmp_path / "pretrain_copy" / "policy" / "model.safetensors"
+    drill_weights = tmp_path / "pretrain" / "policy" / "model.safetensors"
+    before = (copy_weights.stat().st_mtime_ns, drill_weights.stat().st_mtime_ns)
+    assert check_main(tiny + ["--pretrain.copy_batch_size=2", "--diagnose.tasks=2", "--tool_style=lines",
+                              f"--work_dir={tmp_path}"]) == 0
+    assert copy_weights.stat().st_mtime_ns == before[0] and drill_weights.stat().st_mtime_ns != before[1]
+    out = json.loads((tmp_path / "pretrain_check.json").read_text())
+    assert "str_replace" in out["diagnostics"]["per_policy"]["pretrain"]
     with pytest.raises(ValueError, match="no pretraining stage"):
         check_main(["--pretrain.steps=0", f"--work_dir={tmp_path}"])
+
+
+def test_drill_change_edits_leave_their_random_line_out_of_the_loss():
+    """mask_changes: the change edits' line numbers (drawn at random) leave the loss; their
+    copied text, the restores and the fix edits' numbers stay in it."""
+    from jaxrl_agent.env.tasks import generate_tasks, workspace_files
+    from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+    from experiments.binary_search_rl.drills import make_drills, mask_change_addresses
+    from experiments.binary_search_rl.edits import edit_parts
+
+    chat = ChatFormat(load_tokenizer(), tool_style="short")
+    tasks = generate_tasks("train", 3, 5)
+    plain = make_drills(tasks, chat, seed=0, extra_edits=2)
+    masked = make_drills(tasks, chat, seed=0, extra_edits=2, mask_changes=True)
+    dropped_total = 0
+    for task, a, b in zip(tasks, plain, masked):
+        assert a.ids == b.ids
+        dropped = [t for t in range(len(a.ids)) if a.loss_mask[t] and not b.loss_mask[t]]
+        assert all(b.loss_mask[t] <= a.loss_mask[t] for t in range(len(a.ids)))
+        turns = sorted({a.turn_id[t] for t in dropped})
+        dropped_total += len(dropped)
+        for tid in turns:  # only line-number tokens of whole change turns, "N, "end": N" apart
+            pos = [t for t in range(len(a.ids)) if a.loss_mask[t] and a.turn_id[t] == tid]
+            kinds = edit_parts([a.ids[p] for p in pos], chat.tokenizer.decode, workspace_files(task))
+            assert {p for p, k in zip(pos, kinds) if k == "lines"} == {t for t in dropped if a.turn_id[t] == tid}
+        # the last edit before submit is a fix: its numbers stay
+        last_edit = max(a.turn_id[t] for t in range(len(a.ids)) if a.loss_mask[t] and '"start"' in
+                        chat.tokenizer.decode([a.ids[p] for p in range(len(a.ids)) if a.turn_id[p] == a.turn_id[t] and a.loss_mask[p]]))
+        assert last_edit not in turns
+    assert dropped_total > 0
+    with pytest.raises(ValueError, match="not an edit call"):
+        mask_change_addresses(plain[0], [0], chat.tokenizer.decode, workspace_files(tasks[0]))  # turn 0 reads

@@ -57,6 +57,9 @@ class PretrainStage:
     whole_transcript: bool = False
     """Next-token loss on every token of a drill after the system prompt, the tool results
     included (`drills.whole_transcript_loss`), instead of on the policy's calls only."""
+    mask_changes: bool = False
+    """Leave the line a change edit picks at random (its `start` / `end`) out of the drills'
+    loss (`drills.mask_change_addresses`): only the fix edits then teach where an edit goes."""
     steps: int = 1000
     """Optimizer steps (1000 x 8 = 2 passes over the drills: line-addressed copies are learnt
     faster than `str_replace`'s, which took 2000)."""

@@ -49,6 +49,8 @@ from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, cr
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.trajectory import Episode
 
+from experiments.binary_search_rl.edits import edit_parts
+
 
 def _copyable_lines(text: str) -> list[tuple[int, str]]:
     """(1-based number, line) of the code lines a drill may copy: non-empty, not a comment or
@@ -94,8 +96,10 @@ def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
 
 
 def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits: int = 2,
-                     tool_style: str = "short") -> Transcript:
-    """One drill on `workspace` (a fresh copy of the task's files); see the module docstring."""
+                     tool_style: str = "short", changes: list[int] | None = None) -> Transcript:
+    """One drill on `workspace` (a fresh copy of the task's files); see the module docstring.
+    `changes`, when given, receives the indices (in `tr.turns`) of the change edits, whose
+    line was drawn at random."""
     # read + change/restore pairs + at most 4 fixes + submit: room past the agent's turn limit
     cfg = ToolConfig(max_turns=max(ToolConfig().max_turns, 2 * extra_edits + 6))
     session = ToolSession(Tools(workspace, sorted(task.dev_tests), None, cfg), cfg, TOOL_SETS[tool_style])
@@ -117,6 +121,8 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
         wrong = _wrong(line, line)
         if wrong is None or current.count(wrong.strip()) or wrong.strip() in line:
             continue
+        if changes is not None:
+            changes.append(len(tr.turns))
         if tool_style in ("short", "numbered"):
             act("replace_lines", path=path, start=k, end=k, text=wrong)  # a plausible change ...
             act("replace_lines", path=path, start=k, end=k, text=line)  # ... copied back exactly
@@ -179,15 +185,45 @@ def whole_transcript_loss(episodes: list[Episode]) -> list[Episode]:
     return [replace(e, loss_mask=[0] * n + [1] * (len(e.ids) - n)) for e in episodes]
 
 
+def mask_change_addresses(episode: Episode, turns: Sequence[int], decode, files: dict[str, str]) -> Episode:
+    """`episode` with `loss_mask` 0 on the address (`edits.edit_parts`: "lines" or "old") of
+    its assistant turns numbered `turns` (0-based, in order).
+
+    A drill's change edit picks its line at random: no context predicts it, so its loss only
+    teaches that the first edits after `read_file` go to random lines, where in every
+    demonstration the first edit goes to the bug. The text it then writes is still a copy of
+    the line the address names, and stays in the loss."""
+    by_turn: dict[int, list[int]] = {}
+    for t in range(len(episode.ids)):
+        if episode.loss_mask[t]:
+            by_turn.setdefault(episode.turn_id[t], []).append(t)
+    order = sorted(by_turn)
+    mask = list(episode.loss_mask)
+    for k in turns:
+        pos = by_turn[order[k]]
+        kinds = edit_parts([episode.ids[p] for p in pos], decode, files)
+        if kinds is None:
+            raise ValueError(f"turn {k} of the drill is not an edit call: nothing to mask")
+        for p, kind in zip(pos, kinds):
+            if kind in ("lines", "old"):
+                mask[p] = 0
+    return replace(episode, loss_mask=mask)
+
+
 def make_drills(tasks: list[Task], chat: ChatFormat, *, seed: int, extra_edits: int = 2,
-                system_prompt: str | None = None) -> list[Episode]:
+                system_prompt: str | None = None, mask_changes: bool = False) -> list[Episode]:
     """One drill episode per task (in order), in `chat`'s tool style; deterministic in
-    (seed, task index)."""
+    (seed, task index). With `mask_changes`, the change edits' addresses are out of the
+    loss (`mask_change_addresses`)."""
     kw = {} if system_prompt is None else {"system_prompt": system_prompt}
     out = []
     with tempfile.TemporaryDirectory(prefix="jxa-drills-") as root:
         for i, task in enumerate(tasks):
             ws = create_workspaces(workspace_files(task), os.path.join(root, str(i)), 1)[0]
-            tr = drill_transcript(task, ws, random.Random(f"{seed}|{i}"), extra_edits, chat.tool_style)
-            out.append(transcript_to_episode(tr, task, chat, group_id=i, **kw))
+            changes: list[int] = []
+            tr = drill_transcript(task, ws, random.Random(f"{seed}|{i}"), extra_edits, chat.tool_style, changes)
+            ep = transcript_to_episode(tr, task, chat, group_id=i, **kw)
+            if mask_changes:
+                ep = mask_change_addresses(ep, changes, chat.tokenizer.decode, workspace_files(task))
+            out.append(ep)
     return out

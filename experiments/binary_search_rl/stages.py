@@ -207,7 +207,7 @@ def pretrain(cfg: StudyConfig) -> dict | None:
         return done
     tasks = random_name_tasks(generate_tasks("train", p.num_tasks, cfg.seed + 100), p.random_names, cfg.seed)
     chat = chat_format(cfg)
-    drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits)
+    drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits, mask_changes=p.mask_changes)
     if p.whole_transcript:
         drills = whole_transcript_loss(drills)
     copy = copy_stage(cfg, chat)
