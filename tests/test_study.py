@@ -256,6 +256,7 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
     bad = turn_accuracy([ep], predict(first_fix), tok.decode, max_len=128, files=[files])["edit_parts"]
     assert bad["fix"]["turns_all_right"] == 0.0 and bad["fix"]["token_accuracy"] == pytest.approx(1 - 1 / bad["fix"]["tokens"])
     assert bad["copy"]["turns_all_right"] == bad["lines"]["turns_all_right"] == 1.0
+    assert bad["fix"]["first_error_at"] == [1, 0, 0, 0] and good["fix"]["first_error_at"] == [0, 0, 0, 0]
     assert "edit_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
 
 

@@ -74,10 +74,14 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
     Returns:
       {tool: {"turns", "exact", "token_accuracy", "tokens_per_turn"}} plus "all" over every turn,
       and with `files` "edit_parts": {part: {"turns" (holding that part), "tokens",
-      "token_accuracy", "turns_all_right"}} for the parts of `EDIT_PARTS` the edits hold.
+      "token_accuracy", "turns_all_right", "first_error_at"}} for the parts of `EDIT_PARTS` the
+      edits hold; "first_error_at" counts the wrong parts by the index of their first wrong
+      token (0, 1, 2, 3 or later): an address wrong at its first token is a wrong line chosen,
+      not a miscopied one.
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # the same per part of an edit turn
+    first_error: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for start in range(0, len(episodes), 8):
         batch = episodes[start:start + 8]
         ids = np.zeros((len(batch), max_len), np.int32)
@@ -100,11 +104,14 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
                     if mine:
                         c = parts[part]
                         c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(mine), c[2] + len(mine), c[3] + sum(mine)
+                        if not all(mine):  # where in the part the first error falls: 0, 1, 2, 3 = later
+                            first_error[part][min(mine.index(False), 3)] += 1
     out = {k: {"turns": c[0], "exact": c[1] / c[0], "token_accuracy": c[3] / c[2], "tokens_per_turn": c[2] / c[0]}
            for k, c in counts.items()}
     if files:
         out["edit_parts"] = {k: {"turns": c[0], "tokens": c[2], "token_accuracy": c[3] / c[2],
-                                          "turns_all_right": c[1] / c[0]} for k, c in parts.items()}
+                                 "turns_all_right": c[1] / c[0], "first_error_at": first_error[k]}
+                             for k, c in parts.items()}
     return out
 
 

@@ -62,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     out = check(cfg)
     print(diagnostics.diagnostics_markdown(out["diagnostics"], {"pretrain": "drilled base",
                                                                 "copy_only": "copy steps only"}))
+    for name, per_tool in out["diagnostics"]["per_policy"].items():
+        for part in ("lines", "old"):
+            at = per_tool.get("edit_parts", {}).get(part, {}).get("first_error_at")
+            if at and sum(at):
+                print(f"{name}: {sum(at)} wrong {part!r} addresses, first wrong token at index 0 / 1 / 2 / later: "
+                      + " / ".join(map(str, at)))
     print(f"drill nll (last 50 steps) {out['drill_nll_last_50']:.4f}"
           + (f"; copy nll (last 50 steps) {out['copy_nll_last_50']:.4f}" if "copy_nll_last_50" in out else ""))
     return 0
