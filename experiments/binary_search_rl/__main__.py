@@ -75,7 +75,8 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
 
         shutil.copytree(done["sft"]["policy"], DEMO_POLICY_DIR, dirs_exist_ok=True)
         m = cfg.model  # the description is written from the config, so it cannot go stale
-        made_by = (f"python -m experiments.binary_search_rl (stage 'sft': {cfg.pretrain.steps} edit-drill steps on "
+        made_by = (f"python -m experiments.binary_search_rl (stage 'sft': {cfg.pretrain.copy_steps} copy steps, "
+                   f"{cfg.pretrain.steps} edit-drill steps on "
                    f"{cfg.pretrain.num_tasks} instances, then {cfg.sft.steps} SFT steps on {cfg.demos.num_tasks} "
                    "expert demonstrations)")
         with open(os.path.join(DEMO_POLICY_DIR, "sft_summary.json"), "w") as f:
