@@ -126,7 +126,7 @@ def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits
         if tool_style in ("short", "numbered"):
             act("replace_lines", path=path, start=k, end=k, text=wrong)  # a plausible change ...
             act("replace_lines", path=path, start=k, end=k, text=line)  # ... copied back exactly
-        elif tool_style == "lines":  # whole lines: unique, since the stripped line is
+        elif tool_style == "lines":  # whole lines: unique, as the stripped line is (`_copyable_lines`)
             act("str_replace", path=path, old=line, new=wrong)
             act("str_replace", path=path, old=wrong, new=line)
         else:
