@@ -266,7 +266,7 @@ def test_str_replace_turn_tokens_split_into_the_old_lines_copied_text_and_the_fi
     from jaxrl_agent.env.tasks import binary_search_task, workspace_files
     from jaxrl_agent.env.tool_calls import format_tool_call
     from jaxrl_agent.tokenizer import load_tokenizer
-    from experiments.binary_search_rl.diagnostics import edit_parts
+    from experiments.binary_search_rl.edits import edit_parts
 
     tok = load_tokenizer()
     task = binary_search_task()
@@ -426,7 +426,7 @@ def test_drill_change_edits_leave_their_random_line_out_of_the_loss():
     from jaxrl_agent.env.tasks import generate_tasks, workspace_files
     from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
     from experiments.binary_search_rl.drills import make_drills, mask_change_addresses
-    from experiments.binary_search_rl.edits import edit_parts
+    from experiments.binary_search_rl.edits import edit_parts, policy_turns
 
     chat = ChatFormat(load_tokenizer(), tool_style="short")
     tasks = generate_tasks("train", 3, 5)
@@ -444,8 +444,8 @@ def test_drill_change_edits_leave_their_random_line_out_of_the_loss():
             kinds = edit_parts([a.ids[p] for p in pos], chat.tokenizer.decode, workspace_files(task))
             assert {p for p, k in zip(pos, kinds) if k == "lines"} == {t for t in dropped if a.turn_id[t] == tid}
         # the last edit before submit is a fix: its numbers stay
-        last_edit = max(a.turn_id[t] for t in range(len(a.ids)) if a.loss_mask[t] and '"start"' in
-                        chat.tokenizer.decode([a.ids[p] for p in range(len(a.ids)) if a.turn_id[p] == a.turn_id[t] and a.loss_mask[p]]))
+        last_edit = a.turn_id[policy_turns(a.loss_mask, a.turn_id)[-2][0]]
+        assert '"start"' in chat.tokenizer.decode([a.ids[p] for p in policy_turns(a.loss_mask, a.turn_id)[-2]])
         assert last_edit not in turns
     assert dropped_total > 0
     with pytest.raises(ValueError, match="not an edit call"):

@@ -33,7 +33,7 @@ from jaxrl_agent.pipelines import load_policy
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.edits import EDIT_PARTS, edit_parts
+from experiments.binary_search_rl.edits import EDIT_PARTS, edit_parts, policy_turns
 from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, code_fingerprint, finish, tools_config
 
 SEED_OFFSET = 200
@@ -45,12 +45,8 @@ def expert_turns(episode: Episode, decode) -> list[tuple[str, list[int]]]:
     """(tool name, token positions) of each policy turn of `episode`; `decode` maps ids to text.
 
     A turn whose text holds no parseable tool call is named "?"."""
-    turns: dict[int, list[int]] = defaultdict(list)
-    for t in range(1, len(episode.ids)):
-        if episode.loss_mask[t]:
-            turns[episode.turn_id[t]].append(t)
     out = []
-    for _, pos in sorted(turns.items()):
+    for pos in policy_turns(episode.loss_mask, episode.turn_id):
         text = decode([episode.ids[p] for p in pos])
         try:
             name = json.loads(text.split("<tool_call>")[1].split("</tool_call>")[0])["name"]
@@ -163,8 +159,7 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
         cells = [f"{per_tool[t]['exact']:.2f} ({per_tool[t]['token_accuracy']:.3f})" if t in per_tool else "-"
                  for t in tools]
         rows.append(f"| {labels.get(name, name)} | " + " | ".join(cells) + " |")
-    edits = {n: p.get("edit_parts") or p.get("replace_lines_parts") for n, p in diag["per_policy"].items()}
-    edits = {n: p for n, p in edits.items() if p}
+    edits = {n: p["edit_parts"] for n, p in diag["per_policy"].items() if p.get("edit_parts")}
     if edits:
         shown = [k for k in EDIT_PARTS if any(k in p for p in edits.values())]
         heads = {"lines": "line numbers", "old": "`old` (the lines copied to address the edit)",

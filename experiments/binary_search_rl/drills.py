@@ -49,7 +49,7 @@ from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, cr
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.trajectory import Episode
 
-from experiments.binary_search_rl.edits import edit_parts
+from experiments.binary_search_rl.edits import edit_parts, policy_turns
 
 
 def _copyable_lines(text: str) -> list[tuple[int, str]]:
@@ -193,14 +193,10 @@ def mask_change_addresses(episode: Episode, turns: Sequence[int], decode, files:
     teaches that the first edits after `read_file` go to random lines, where in every
     demonstration the first edit goes to the bug. The text it then writes is still a copy of
     the line the address names, and stays in the loss."""
-    by_turn: dict[int, list[int]] = {}
-    for t in range(len(episode.ids)):
-        if episode.loss_mask[t]:
-            by_turn.setdefault(episode.turn_id[t], []).append(t)
-    order = sorted(by_turn)
+    by_turn = policy_turns(episode.loss_mask, episode.turn_id)
     mask = list(episode.loss_mask)
     for k in turns:
-        pos = by_turn[order[k]]
+        pos = by_turn[k]
         kinds = edit_parts([episode.ids[p] for p in pos], decode, files)
         if kinds is None:
             raise ValueError(f"turn {k} of the drill is not an edit call: nothing to mask")

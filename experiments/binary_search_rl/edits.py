@@ -17,6 +17,16 @@ import numpy as np
 EDIT_PARTS = ("lines", "old", "copy", "fix")
 
 
+def policy_turns(loss_mask, turn_id) -> list[list[int]]:
+    """Token positions of each policy turn (the loss-masked tokens, grouped by `turn_id`), in
+    turn order; position 0 is never one (no token predicts it)."""
+    turns: dict[int, list[int]] = {}
+    for t in range(1, len(loss_mask)):
+        if loss_mask[t]:
+            turns.setdefault(turn_id[t], []).append(t)
+    return [turns[k] for k in sorted(turns)]
+
+
 def _call_span(text: str, key: str, value: str) -> tuple[int, str]:
     """(offset, JSON-escaped form) of string argument `key` = `value` in the call `text`; -1 if absent."""
     raw = json.dumps(value, ensure_ascii=False)[1:-1]
