@@ -74,8 +74,8 @@ def corpus(n_episodes: int, seed: int, workers: int = 2):
         def play(i: int) -> str:
             tool_style, style, _ = draws[i]
             ws = create_workspaces(workspace_files(tasks[i]), os.path.join(root, str(i)), 1)[0]
-            tr = run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"),
-                            ToolConfig(test_timeout_s=0.05), tool_style, judge=False)
+            tr = run_expert(tasks[i], ws, sandbox, style, ToolConfig(test_timeout_s=0.05), tool_style,
+                            judge=False)
             return episode_text(tasks[i], tr, tool_style)
 
         for i, text in enumerate(pool.map(play, range(len(tasks)))):

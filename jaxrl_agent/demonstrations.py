@@ -9,7 +9,6 @@ so SFT trains on exactly the token layout the policy later samples in.
 from __future__ import annotations
 
 import os
-import random
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -39,20 +38,18 @@ def transcript_to_episode(tr: Transcript, task: Task, chat: ChatFormat, *, syste
 
 
 def collect_demonstrations(tasks: Sequence[Task], sandbox, chat: ChatFormat, styles: Sequence[str], *,
-                           seed: int = 0, threads: int = 2, tool_cfg: ToolConfig = ToolConfig(),
+                           threads: int = 2, tool_cfg: ToolConfig = ToolConfig(),
                            system_prompt: str = SYSTEM_PROMPT) -> list[Episode]:
     """Run the expert once per (task, style) and return the episodes in (task, style) order.
 
-    Each episode's imperfection draws depend only on (seed, task index, style), so the data
-    set is the same whatever the thread scheduling.
+    The expert is deterministic, so the data set is the same whatever the thread scheduling.
     """
     jobs = [(i, s) for i in range(len(tasks)) for s in styles]
     with tempfile.TemporaryDirectory(prefix="jxa-demos-") as root:
         def one(job):
             i, style = job
             ws = create_workspaces(workspace_files(tasks[i]), os.path.join(root, f"{i}-{style}"), 1)[0]
-            tr = run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}|{style}"), tool_cfg,
-                            chat.tool_style)
+            tr = run_expert(tasks[i], ws, sandbox, style, tool_cfg, chat.tool_style)
             return transcript_to_episode(tr, tasks[i], chat, system_prompt=system_prompt, group_id=i)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:

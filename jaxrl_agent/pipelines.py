@@ -179,7 +179,7 @@ def run_sft_job(cfg: SFTRunConfig, *, show_progress: bool = True) -> dict:
     chat = ChatFormat(tok, tool_style="short")
     tasks = generate_tasks(s.split, s.num_tasks, s.seed)
     with Sandbox(num_workers=s.sandbox_workers) as sandbox:
-        demos = collect_demonstrations(tasks, sandbox, chat, s.styles, seed=s.seed, threads=s.sandbox_workers)
+        demos = collect_demonstrations(tasks, sandbox, chat, s.styles, threads=s.sandbox_workers)
     os.makedirs(s.run_dir, exist_ok=True)
     with open(os.path.join(s.run_dir, "demonstrations.jsonl"), "w") as f:
         for e in demos:

@@ -4,8 +4,8 @@ Pass rates say how often a policy solves a task, not which of its actions fail. 
 scripted expert's perfect episodes on fresh held-out instances are fed to every policy
 (teacher forcing: each turn conditioned on the expert's history), and an expert turn counts
 as reproduced when the policy's argmax gives every one of its tokens: the tool and every
-argument. Grouped by tool, this separates the decisions (`list_files` or `read_file` first,
-when to run the tests, when to submit) from the copying and fixing inside an edit,
+argument. Grouped by tool, this separates the decisions (when to run the tests, when to
+submit) and the copies of a listed path (`read_file`) from the copying and fixing inside an edit,
 whose turns are tens of tokens that must all be right. An edit turn is split further
 (`edit_parts`): its address (`replace_lines`' line numbers, or `str_replace`'s `old` lines),
 the text the replaced lines already hold (a copy from the file the policy read) and the text
@@ -135,7 +135,7 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
         return done
     t0 = time.time()
     tasks = generate_tasks("heldout_instances", cfg.diagnose.tasks, cfg.eval.seed + SEED_OFFSET)
-    episodes = collect_demonstrations(tasks, sandbox, chat_format(cfg), ("perfect",), seed=cfg.seed, threads=cfg.sandbox_workers,
+    episodes = collect_demonstrations(tasks, sandbox, chat_format(cfg), ("perfect",), threads=cfg.sandbox_workers,
                         tool_cfg=tools_config(cfg))
     result: dict = {"tasks": len(tasks), "expert_success": sum(e.reward >= 1 for e in episodes) / len(episodes),
                     "per_policy": {}}

@@ -22,6 +22,7 @@ from jaxrl_agent.checkpoint import export_hf
 from jaxrl_agent.config import (LossConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, TrainConfig,
                                 TrajectoryConfig)
 from jaxrl_agent.demonstrations import collect_demonstrations
+from jaxrl_agent.env import expert
 from jaxrl_agent.env.expert import STYLES
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
@@ -81,8 +82,8 @@ def _policy_mtime(policy_dir: str) -> float:
 
 def code_fingerprint(module) -> str:
     """A fingerprint of a module's source, in the stamps of the stages whose verdict it
-    computes (evaluation.py for the gate and the evaluations, diagnostics.py for the
-    diagnostic): changed code re-runs them instead of reusing what it would no longer say."""
+    computes or data it makes (evaluation.py for the gate and the evaluations, diagnostics.py
+    for the diagnostic, the expert for the demonstrations): changed code re-runs them instead of reusing what it would no longer say."""
     return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
 
 
@@ -97,7 +98,7 @@ def _demo_stamp(cfg: StudyConfig) -> dict:
     """Everything the demonstrations depend on; the SFT stages carry it in their own stamps,
     so new demonstrations always retrain them (the test limit is quoted in test output)."""
     return {"demos": asdict(cfg.demos), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s,
-            "tool_style": cfg.tool_style}
+            "tool_style": cfg.tool_style, "expert": code_fingerprint(expert)}
 
 
 def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
@@ -120,7 +121,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     episodes = []
     for style, ts in by_style.items():
         if ts:
-            episodes += collect_demonstrations(ts, sandbox, chat_format(cfg), (style,), seed=cfg.seed,
+            episodes += collect_demonstrations(ts, sandbox, chat_format(cfg), (style,),
                                                threads=cfg.sandbox_workers, tool_cfg=tools_config(cfg))
     with open(path, "w") as f:
         for e in episodes:

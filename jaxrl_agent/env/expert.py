@@ -1,6 +1,6 @@
 """Scripted demonstrator: solves tasks through the real tools and tool-call text (HOST).
 
-`run_expert(task, workspace, sandbox, style, rng)` plays one episode exactly as a policy
+`run_expert(task, workspace, sandbox, style)` plays one episode exactly as a policy
 would: every assistant message is one `format_tool_call(...)` text, every observation is
 the real tool result from a `ToolSession`, and the final workspace is scored by the
 verifier. The transcript is therefore a valid SFT episode.
@@ -28,7 +28,6 @@ import argparse
 import difflib
 import json
 import os
-import random
 import tempfile
 from dataclasses import asdict, dataclass, field
 
@@ -139,8 +138,7 @@ def _wrong(new: str, old: str) -> str | None:
 # ---- one episode ----
 
 
-def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
-               rng: random.Random | None = None, cfg: ToolConfig = ToolConfig(),
+def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect", cfg: ToolConfig = ToolConfig(),
                tool_style: str = "full", judge: bool = True) -> Transcript:
     """Play one episode on `workspace` (a fresh copy of task.files + task.dev_tests), editing
     with the tools of `tool_style` ("full": str_replace, "short": replace_lines, "numbered":
@@ -149,7 +147,6 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
     `judge`, the verifier scores the final workspace (`reward`, `verify_info`)."""
     if style not in STYLES:
         raise ValueError(f"unknown expert style {style!r}; expected one of {STYLES}")
-    rng = rng or random.Random(0)
     session = ToolSession(Tools(workspace, sorted(task.dev_tests), sandbox, cfg), cfg, TOOL_SETS[tool_style])
     tr = Transcript(task.task_id, style)
     short = tool_style in ("short", "numbered")  # replace_lines edits
@@ -204,9 +201,10 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
     def failing(result: str) -> bool:
         return "failed" in result or "error" in result or "timed out" in result
 
-    # ---- look around ----
-    if rng.random() < 0.5:
-        act("list_files")
+    # ---- look around: always list first, so the paths read are copied from the listing (a
+    # coin flip here was a first turn no policy could predict; and a policy that skips the
+    # listing guesses the generator's file names on tasks written by hand) ----
+    act("list_files")
     for path in sorted(task.reference_files):
         act("read_file", path=path)
     if style != "skip_tests":
@@ -237,13 +235,13 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect",
     return tr
 
 
-def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
+def measure(tasks: list[Task], sandbox, styles=STYLES,
             cfg: ToolConfig = ToolConfig(), threads: int | None = None,
             tool_style: str = "full") -> dict[str, dict]:
     """Success rate, mean turns and terminations per style over `tasks`.
 
-    Episodes run in `threads` threads (default: one per sandbox worker); each episode's
-    rng depends only on (seed, task index), so the result does not depend on scheduling.
+    Episodes run in `threads` threads (default: one per sandbox worker); the expert is
+    deterministic, so the result does not depend on scheduling.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -254,8 +252,7 @@ def measure(tasks: list[Task], sandbox, styles=STYLES, seed: int = 0,
             def one(i: int) -> Transcript:
                 ws = create_workspaces(workspace_files(tasks[i]),
                                        os.path.join(root, style, str(i)), 1)[0]
-                return run_expert(tasks[i], ws, sandbox, style, random.Random(f"{seed}|{i}"), cfg,
-                                  tool_style)
+                return run_expert(tasks[i], ws, sandbox, style, cfg, tool_style)
 
             with ThreadPoolExecutor(threads) as pool:
                 trs = list(pool.map(one, range(len(tasks))))
@@ -281,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     tasks = generate_tasks(args.split, args.n, args.seed)
     with Sandbox(num_workers=args.workers, timeout_s=20) as sb:
-        res = measure(tasks, sb, seed=args.seed, tool_style=args.tool_style)
+        res = measure(tasks, sb, tool_style=args.tool_style)
     print(f"{'style':<18} {'success':>8} {'turns':>6}  terminations")
     for style, r in res.items():
         print(f"{style:<18} {r['success_rate']:>8.3f} {r['mean_turns']:>6.1f}  {r['terminations']}")
