@@ -6,6 +6,7 @@ from jaxrl_agent.env.expert import STYLES, _edits, _line_edits, _wrong, measure,
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolCall, ToolConfig, create_workspaces, format_tool_call, parse_tool_call
+from jaxrl_agent.evaluation import bugs_fixed
 
 TASK = binary_search_task()
 
@@ -152,3 +153,35 @@ def test_episodes_are_repeatable(sb, tmp_path):
     a = episode(sb, tmp_path / "a", "wrong_first_edit")
     b = episode(sb, tmp_path / "b", "wrong_first_edit")
     assert a.turns == b.turns and a.reward == b.reward
+
+
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_recover_after_failing_run_fixes_one_checks_then_fixes_the_rest(sb, tmp_path, tool_style):
+    """The recovery of wrong_first_edit with every edit right: on a two-bug task whose dev
+    tests see both bugs, the run after the first fix fails, so it fixes the rest, re-runs and
+    submits. On the canonical task the dev tests miss the second bug: the run passes and it
+    submits with the hidden bug left (a decision the verifier pays for)."""
+    task = generate_tasks("train", 1, 2)[0]
+    assert task.metadata["n_bugs"] == 2
+    tr = episode(sb, tmp_path, "recover_after_failing_run", task=task, tool_style=tool_style)
+    names, edit = tools_used(tr), EDIT[tool_style]
+    first = names.index(edit)
+    assert names[first + 1] == "run_tests" and "failed" in tr.turns[first + 1][1]
+    assert names[first + 2] == edit and names[-2:] == ["run_tests", "submit"]
+    assert "passed" in tr.turns[-2][1] and "failed" not in tr.turns[-2][1] and tr.reward == 1.0
+    canonical = episode(sb, tmp_path / "canonical", "recover_after_failing_run", tool_style=tool_style)
+    assert tools_used(canonical)[-3:] == [edit, "run_tests", "submit"] and canonical.reward == 0.0
+
+
+@pytest.mark.parametrize("tool_style", ["full", "short"])
+def test_stop_after_failing_run_fixes_one_bug_and_submits_despite_the_run(sb, tmp_path, tool_style):
+    """The stop of stop_after_failure with every edit right: progress made (one bug fixed),
+    then a decision (submit after the failing run), which the classifier calls sequential."""
+    task = generate_tasks("train", 1, 2)[0]  # two bugs, both seen by the dev tests
+    tr = episode(sb, tmp_path, "stop_after_failing_run", task=task, tool_style=tool_style)
+    names = tools_used(tr)
+    assert names[-3:] == [EDIT[tool_style], "run_tests", "submit"] and names.count(EDIT[tool_style]) == 1
+    assert "failed" in tr.turns[-2][1] and tr.reward == 0.0
+    src = task.metadata["source_file"]
+    ws = next((tmp_path / f"stop_after_failing_run-{tool_style}").rglob(src))
+    assert bugs_fixed(task, {src: ws.read_text()}) == (1, 2)

@@ -18,12 +18,13 @@ class DemoStage:
     num_tasks: int = 600
     """Distinct training tasks demonstrated; many distinct instances is what lets a tiny policy
     generalise to held-out instances instead of memorising a few."""
-    style_weights: tuple[float, ...] = (0.35, 0.15, 0.2, 0.1, 0.1, 0.1)
+    style_weights: tuple[float, ...] = (0.35, 0.15, 0.2, 0.1, 0.1, 0.1, 0.0, 0.0)
     """Sampling weights of the expert styles perfect, skip_tests, first_bug_only,
-    wrong_first_edit, stop_after_failure, rerun_tests (env/expert.py). Every imperfection is a
-    decision (stop after one fix, submit despite a failing run, re-run instead of editing), and
-    on the canonical task, whose dev tests reveal one of its two bugs, only perfect, skip_tests
-    and wrong_first_edit succeed: 60% of the demonstrations, so SFT on all of them imitates a
+    wrong_first_edit, stop_after_failure, rerun_tests, recover_after_failing_run,
+    stop_after_failing_run (env/expert.py `STYLES`). Every imperfection is a decision (stop
+    after one fix, submit despite a failing run, re-run instead of editing), and on the
+    canonical task, whose dev tests reveal one of its two bugs, only perfect, skip_tests and
+    wrong_first_edit succeed: 60% of the demonstrations, so SFT on all of them imitates a
     policy that fails there about 40% of the time, and the verifier pays for what the
     demonstrations teach only sometimes."""
 

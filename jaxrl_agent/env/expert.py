@@ -18,7 +18,15 @@ except where a style says otherwise):
   (fix everything, re-run, submit) only if the run shows a failure;
 - "stop_after_failure": the same wrong first edit and test run, then submit despite the
   failing run;
-- "rerun_tests": run the tests twice without editing in between, then submit unfixed.
+- "rerun_tests": run the tests twice without editing in between, then submit unfixed;
+- "recover_after_failing_run": fix the first bug, run the tests and, only if they fail, fix
+  the rest, re-run and submit (the recovery of "wrong_first_edit" without the wrong edit);
+- "stop_after_failing_run": fix the first bug, run the tests, submit whatever they say (the
+  stop of "stop_after_failure" without the wrong edit: progress made, then a decision).
+
+The two wrong-edit styles demonstrate an edit that fixes nothing, which the failure-layer
+classifier (`evaluation.episode_behaviour`) calls basic, not a decision; the last two styles
+make the same decisions with every edit right.
 
 Measure the success rate per style: `python -m jaxrl_agent.env.expert --n 40`.
 """
@@ -36,7 +44,8 @@ from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, cr
                                    format_tool_call, number_text)
 from jaxrl_agent.env.verifier import verify
 
-STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit", "stop_after_failure", "rerun_tests")
+STYLES = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit", "stop_after_failure", "rerun_tests",
+          "recover_after_failing_run", "stop_after_failing_run")
 
 
 @dataclass
@@ -221,9 +230,15 @@ def run_expert(task: Task, workspace: str, sandbox, style: str = "perfect", cfg:
         act("run_tests")  # the same code, the same result: a wasted turn, then giving up
     elif style == "first_bug_only":
         fix(limit=1)
+    elif style in ("recover_after_failing_run", "stop_after_failing_run"):
+        fix(limit=1)
+        if tr.turns[-1][1].startswith("Edited"):
+            result = act("run_tests")
+            if style == "recover_after_failing_run" and failing(result):
+                fix()
     else:
         fix()
-    if style in ("perfect", "wrong_first_edit") and session.termination is None and \
+    if style in ("perfect", "wrong_first_edit", "recover_after_failing_run") and session.termination is None and \
             tr.turns and tr.turns[-1][1].startswith("Edited"):
         act("run_tests")
     act("submit")
