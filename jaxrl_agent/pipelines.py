@@ -65,8 +65,10 @@ class SFTConfig:
     """Task split the demonstrations come from."""
     num_tasks: int = 64
     """Tasks demonstrated (each once per style)."""
-    styles: tuple[str, ...] = ("perfect", "skip_tests", "first_bug_only", "wrong_first_edit")
-    """Expert imperfection styles (env/expert.py)."""
+    styles: tuple[str, ...] = ("perfect", "skip_tests", "first_bug_only", "recover_after_failing_run")
+    """Expert imperfection styles (env/expert.py); the defaults' imperfections are decisions,
+    with every demonstrated edit right, as in the study (README, "every demonstrated edit
+    right")."""
     success_only: bool = False
     """Keep only demonstrations the verifier scored 1 (rejection-sampling fine-tuning)."""
     steps: int = 300
