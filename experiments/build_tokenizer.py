@@ -1,6 +1,6 @@
 """HOST: rebuild the repo's tiny byte-level BPE tokenizer (jaxrl_agent/assets/tokenizer/).
 
-    python experiments/build_tokenizer.py [--vocab-size 2048] [--episodes 1500] [--seed 0] [--out DIR]
+    python experiments/build_tokenizer.py [--vocab-size 2048] [--episodes 1000] [--seed 0] [--out DIR]
 
 The corpus is what the tiny policies actually read and write, in the tools' actual formats:
 real episodes of the scripted expert (`env/expert.py`, every imperfection style) on generated
