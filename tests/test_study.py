@@ -309,6 +309,22 @@ def test_report_without_rl_says_why_and_still_writes_the_sft_results(tmp_path):
     assert "SFT (all demos)" in (tmp_path / "results.md").read_text()
 
 
+def test_report_with_no_rl_seeds_says_rl_was_not_run(tmp_path):
+    """`--rl.seeds=` stops the study at the gate even when the gate lets RL start: no run is
+    named, and the targets and the table say RL was not run rather than that it failed."""
+    from experiments.binary_search_rl import report
+
+    assert report.run_names((), "rloo") == {}
+    split = {s: _fake_split(0.5) for s in report.SPLIT_LABELS}
+    stages = {"demos": {"seconds": 1.0}, "sft": {"nll": [2.0, 1.0], "seconds": 1.0},
+              "gate": {"pass1": 0.6, "failure_layer_shares": {"basic": 0.4, "sequential": 0.6}, "rl_starts": True,
+                       "reason": None}}
+    summary = report.build_summary({"seed": 0, "rl": {"algo": "grpo"}}, stages, {"sft": dict(split)}, {})
+    assert summary["targets"] == {"all": {"met": False, "reason": "no RL run in this build: the gate lets RL start, "
+                                                                  "but rl.seeds is empty"}}
+    assert "RL may start; not run (rl.seeds is empty)" in report.results_markdown(summary)
+
+
 def test_report_targets_follow_the_numbers():
     """Targets over seeds hold only when they hold on every seed; the gate's reason is kept."""
     from experiments.binary_search_rl import report

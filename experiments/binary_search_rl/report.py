@@ -27,9 +27,10 @@ PASS_KS = (1, 2, 4, 8)
 def run_names(seeds, second_algo: str) -> dict[str, tuple[str | None, int, bool]]:
     """name -> (algo, None for the study's `rl.algo`; seed; rewards shuffled) of every RL run:
     "rl" / "control" for the first seed, "rl_seed{s}" / "control_seed{s}" for the others,
-    and the second estimator under its own name with the first seed."""
+    and the second estimator under its own name with the first seed. No seeds: no run (the
+    study stops at the gate's verdict and reports the SFT policies; `targets` says why)."""
     if not seeds:
-        raise ValueError("rl.seeds must name at least one seed")
+        return {}
     out: dict[str, tuple[str | None, int, bool]] = {}
     for i, seed in enumerate(seeds):
         suffix = "" if i == 0 else f"_seed{seed}"
@@ -87,7 +88,9 @@ def targets(summary: dict) -> dict:
     rl_runs = [n for n in runs if is_main_run(n, runs, algo) and n in can]
     controls = [n for n in runs if runs[n][2] and n in can]
     if "sft" not in can or not rl_runs:
-        why = summary.get("gate", {}).get("reason") or "no RL policy (see training.<run>.no_signal)"
+        why = summary.get("gate", {}).get("reason") or (
+            "no RL policy (see training.<run>.no_signal)" if runs else
+            "no RL run in this build: the gate lets RL start, but rl.seeds is empty")
         return {"all": {"met": False, "reason": why}}
     sft = hi["sft"]
     gains = {n: hi[n]["pass1"] - sft["pass1"] for n in rl_runs}
@@ -311,7 +314,8 @@ def results_markdown(summary: dict) -> str:
         g = summary["gate"]
         gate = ["", f"Gate (SFT policy, validation instances): pass@1 {g['pass1']:.3f}; share of failures by layer "
                 + ", ".join(f"{k} {v:.2f}" for k, v in g["failure_layer_shares"].items())
-                + (" -> RL runs." if g["rl_starts"] else f" -> no RL: {g['reason']}")]
+                + ((" -> RL runs." if runs else " -> RL may start; not run (rl.seeds is empty).") if g["rl_starts"]
+                   else f" -> no RL: {g['reason']}")]
     tg = ["", "| target | met | figure |", "|---|---|---|"]
     for name, t in summary["targets"].items():
         fig = "; ".join(_fmt(k, v) for k, v in t.items() if k != "met")
