@@ -82,8 +82,9 @@ def _policy_mtime(policy_dir: str) -> float:
 
 def code_fingerprint(module) -> str:
     """A fingerprint of a module's source, in the stamps of the stages whose verdict it
-    computes or data it makes (evaluation.py for the gate and the evaluations, diagnostics.py
-    for the diagnostic, the expert for the demonstrations): changed code re-runs them instead of reusing what it would no longer say."""
+    computes or whose data it makes (evaluation.py for the gate and the evaluations,
+    diagnostics.py for the diagnostic, the expert for the demonstrations): changed code re-runs
+    them instead of reusing what it would no longer say."""
     return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
 
 
