@@ -71,6 +71,19 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     assert "| shaped | control |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="plain directory name"):
         run_ablation(StudyConfig(work_dir=str(tmp_path / "work")), "../escape")
+    # the RL half from a given SFT policy: no demonstration, drill or SFT step; no success-only row
+    given = tmp_path / "work" / "sft" / "policy"
+    half = [a for a in args if not a.startswith(("--rl.seeds", "--results_dir"))]
+    assert main(half + ["--rl.seeds=0", "--rl.second_algo=", f"--sft_from={given}", f"--results_dir={tmp_path / 'half'}",
+                        f"--policies_dir={tmp_path / 'shipped'}"]) == 0
+    out = capsys.readouterr().out
+    assert "[sft] step" not in out and "demonstrations:" not in out and "[pretrain" not in out
+    half_summary = json.loads((tmp_path / "half" / "summary.json").read_text())
+    assert set(half_summary["heldout_instances"]) == {"sft", "rl", "control"}
+    assert half_summary["training"]["sft"]["given"] and "demos" not in half_summary["training"]
+    assert all((tmp_path / "shipped" / p / "model.safetensors").exists() for p in ("sft", "rl"))
+    with pytest.raises(ValueError, match="not an HF policy directory"):
+        main(half + [f"--sft_from={tmp_path}", f"--results_dir={tmp_path / 'half'}"])
 
 
 def test_study_rejects_a_bad_override():

@@ -9,6 +9,7 @@ teacher-forced next-action accuracy on held-out expert episodes -> summary.json,
 plots and rendered trajectories in `results_dir`. Finished stages are reused from `work_dir`
 when their config is unchanged, so an interrupted study continues where it stopped.
 `--ship_demo_policy=true` also copies the SFT policy to jaxrl_agent/assets/demo_policy.
+`--sft_from=DIR` starts the gate and RL from a given SFT policy (the shipped one) instead.
 """
 from __future__ import annotations
 
@@ -30,27 +31,41 @@ from experiments.binary_search_rl import diagnostics, report, stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
 
-def ship_policies(done: dict, results_dir: str) -> list[str]:
+def ship_policies(done: dict, policies_dir: str) -> list[str]:
     """The final SFT policy and the first-seed RL policy as HF directories (weights, config,
-    tokenizer) in `<results_dir>/policies/{sft,rl}`: `python -m jaxrl_agent eval
-    --policy.path=...` runs them on anyone's tasks."""
+    tokenizer) in `<policies_dir>/{sft,rl}`: `python -m jaxrl_agent eval --policy.path=...`
+    runs them on anyone's tasks. A policy already at its destination (`sft_from`) stays."""
     out = []
     for name in ("sft", "rl"):
         if name in done and done[name].get("policy"):
-            dst = os.path.join(results_dir, "policies", name)
+            dst = os.path.join(policies_dir, name)
+            if os.path.realpath(dst) == os.path.realpath(done[name]["policy"]):
+                continue
             shutil.rmtree(dst, ignore_errors=True)
             shutil.copytree(done[name]["policy"], dst)
             out.append(dst)
     return out
 
 
-def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
+def given_sft(path: str) -> dict:
+    """The stage result of an SFT policy made elsewhere (`cfg.sft_from`), checked before any
+    RL run is spent on it."""
+    missing = [f for f in ("config.json", "model.safetensors") if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise ValueError(f"sft_from={path!r} is not an HF policy directory (no {', '.join(missing)}): pass the "
+                         "directory a study or `python -m jaxrl_agent sft` exported, e.g. "
+                         "experiments/binary_search_rl/results/policies/sft, or leave sft_from empty to train one")
+    return {"policy": path, "given": True, "seconds": 0.0}
+
+
+def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir: str | None = None) -> dict:
     t0 = time.time()
-    done = stages.sft_policies(cfg, success_only=False)
+    done = {"sft": given_sft(cfg.sft_from)} if cfg.sft_from else stages.sft_policies(cfg, success_only=False)
     runs = report.run_names(cfg.rl.seeds, cfg.rl.second_algo)
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:  # the gate's verdict comes first
         done["gate"] = stages.gate(cfg, done["sft"], sandbox)
-    done = stages.sft_policies(cfg) | {"gate": done["gate"]}  # cached stages, plus the baseline
+    if not cfg.sft_from:
+        done = stages.sft_policies(cfg) | {"gate": done["gate"]}  # cached stages, plus the baseline
     if done["gate"]["rl_starts"]:
         for name, (algo, seed, shuffle) in runs.items():
             done[name] = stages.rl(cfg, name, done["sft"], shuffle_rewards=shuffle, algo=algo, seed=seed)
@@ -67,7 +82,7 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False) -> dict:
     summary["seconds"]["diagnose"] = round(diag["seconds"], 1)
     summary["seconds"]["total_this_invocation"] = round(time.time() - t0, 1)
     written = report.write_all(summary, evals, load_tokenizer(), cfg.results_dir)
-    written += ship_policies(done, cfg.results_dir)
+    written += ship_policies(done, policies_dir or os.path.join(cfg.results_dir, "policies"))
     print(report.results_markdown(summary))
     print("wrote", ", ".join(written))
     if ship_demo_policy:
@@ -94,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--ship_demo_policy", default="false", choices=("true", "false"))
+    parser.add_argument("--policies_dir", default=None, metavar="DIR",
+                        help="where the final SFT and RL policies are shipped (default: <results_dir>/policies)")
     parser.add_argument("--compile_cache", default=None, metavar="DIR|off",
                         help="JAX's persistent compilation cache (default: a user cache directory)")
     args, overrides = parser.parse_known_args(argv)
@@ -103,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=str), flush=True)
     enable_compile_cache(args.compile_cache)  # every stage's compiles, and a rerun's, from disk
-    run_study(cfg, ship_demo_policy=args.ship_demo_policy == "true")
+    run_study(cfg, ship_demo_policy=args.ship_demo_policy == "true", policies_dir=args.policies_dir)
     return 0
 
 

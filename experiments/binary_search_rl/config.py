@@ -207,6 +207,12 @@ class StudyConfig:
     """Small, committed outputs: summary.json, plots, example trajectories."""
     sandbox_workers: int = 2
     """Sandbox worker processes (expert test runs, tools, verifier)."""
+    sft_from: str = ""
+    """An SFT policy directory (HF: config.json, model.safetensors, tokenizer) to start the gate,
+    RL and the controls from instead of making one: the demonstrations, drills and both SFT
+    stages are skipped, so the success-only baseline has no row. E.g. the shipped
+    `experiments/binary_search_rl/results/policies/sft`, which is what these stages make at the
+    defaults: the RL half of the study then fits a 2-core session (README, where the time goes)."""
 
 
 CPU_PRESET = StudyConfig()

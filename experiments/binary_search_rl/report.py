@@ -163,9 +163,11 @@ def build_summary(cfg_dict: dict, stages: dict, evals: dict, runs: dict) -> dict
     for split in SPLIT_LABELS:
         summary[split] = {pol: _split_entry(e[split]) for pol, e in evals.items()}
     summary["gate"] = stages.get("gate", {})
-    summary["training"] = {"demos": stages["demos"]} | {n: stages[n] for n in runs if n in stages}
+    summary["training"] = {n: stages[n] for n in ("demos", *runs) if n in stages}
     for name in ("pretrain", "sft", "sft_success_only"):
-        if name in stages:  # per-step NLL curves stay in the work dir; the summary keeps the end points
+        if name in stages and "nll" not in stages[name]:  # made elsewhere (`sft_from`)
+            summary["training"][name] = dict(stages[name])
+        elif name in stages:  # per-step NLL curves stay in the work dir; the summary keeps the end points
             nll = stages[name]["nll"]
             summary["training"][name] = {k: v for k, v in stages[name].items() if k != "nll"} | {
                 "first_nll": nll[0], "final_nll": nll[-1]}
