@@ -1,0 +1,86 @@
+"""The hand-written generalisation tasks (experiments/binary_search_rl/handwritten_tasks.py):
+sound in the sandbox, shipped jsonl current, names disjoint from the generator's pools."""
+import ast
+import dataclasses
+import os
+import sys
+
+import pytest
+
+from experiments.binary_search_rl.handwritten_tasks import DEFAULT_PATH, handwritten_tasks
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.tasks import load_tasks
+from jaxrl_agent.env.templates import TEMPLATES, Template
+from jaxrl_agent.env.verifier import check_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = handwritten_tasks()
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(num_workers=1, timeout_s=20, memory_mb=512) as s:
+        yield s
+
+
+def _write(root, files):
+    for rel, text in files.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def test_eight_tasks_with_bug_records():
+    assert len(TASKS) == 8 and len({t.task_id for t in TASKS}) == 8
+    for t in TASKS:
+        meta = t.metadata
+        assert meta["template"].startswith("handwritten-") and meta["source_file"] in t.files
+        assert meta["n_bugs"] == len(meta["bugs"]) in (1, 2)
+        assert 8 <= len(t.files[meta["source_file"]].splitlines()) <= 25
+        for bug in meta["bugs"]:  # the buggy lines are in the workspace, the fixed ones in the reference
+            assert bug["buggy"] in t.files[meta["source_file"]]
+            assert bug["fixed"] in t.reference_files[meta["source_file"]]
+
+
+def test_tasks_pass_check_task_and_dev_tests_reveal_a_bug(sb, tmp_path):
+    for i, t in enumerate(TASKS):
+        assert check_task(t, sb) == [], t.task_id
+        for label, files, want_fail in (("buggy", t.files, True),
+                                        ("fixed", {**t.files, **t.reference_files}, False)):
+            ws = tmp_path / f"{i}-{label}"
+            _write(str(ws), {**files, **t.dev_tests})
+            res = sb.run(str(ws), [sys.executable, "-m", "pytest", "-q", *sorted(t.dev_tests)],
+                         timeout_s=10, test_timeout_s=0.5)
+            assert res.error is None and (res.returncode != 0) == want_fail, (t.task_id, label, res.stdout[-500:])
+
+
+def test_shipped_jsonl_is_current():
+    assert load_tasks(os.path.join(ROOT, DEFAULT_PATH)) == TASKS
+
+
+def test_names_are_not_the_generators():
+    pools = set().union(*(v for t in TEMPLATES.values() for v in t.names.values()),
+                               *(t.modules for t in TEMPLATES.values()),
+                               next(f.default for f in dataclasses.fields(Template) if f.name == "modules"))
+    for t in TASKS:
+        for rel in t.files:
+            for part in rel.removesuffix(".py").split("/"):
+                assert part == "__init__" or part not in pools, (t.task_id, rel)
+        tree = ast.parse(t.reference_files[t.metadata["source_file"]])
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert t.metadata["fn"] in defined
+        for name in defined - {"__init__"}:
+            assert name not in pools, (t.task_id, name)
+
+
+def test_generator_wording_changes_only_the_instruction(tmp_path):
+    from experiments.binary_search_rl.handwritten_tasks import in_generator_wording, main
+
+    reworded = in_generator_wording(TASKS)
+    for old, new in zip(TASKS, reworded):
+        assert new.instruction != old.instruction and dataclasses.replace(new, instruction=old.instruction) == old
+        assert new.instruction.startswith(f"The function `{old.metadata['fn']}` in `{old.metadata['source_file']}`")
+        assert all(f"`{p}`" in new.instruction for p in old.dev_tests)
+    main([str(tmp_path / "w.jsonl"), "--generator-wording"])
+    assert load_tasks(str(tmp_path / "w.jsonl")) == reworded
