@@ -84,6 +84,8 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     assert all((tmp_path / "shipped" / p / "model.safetensors").exists() for p in ("sft", "rl"))
     with pytest.raises(ValueError, match="not an HF policy directory"):
         main(half + [f"--sft_from={tmp_path}", f"--results_dir={tmp_path / 'half'}"])
+    with pytest.raises(ValueError, match="needs the SFT stage"):
+        main(half + [f"--sft_from={given}", "--ship_demo_policy=true"])
 
 
 def test_study_rejects_a_bad_override():

@@ -59,6 +59,9 @@ def given_sft(path: str) -> dict:
 
 
 def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir: str | None = None) -> dict:
+    if ship_demo_policy and cfg.sft_from:  # its made_by line describes the stages that made it
+        raise ValueError("--ship_demo_policy=true needs the SFT stage of this run: drop --sft_from, or copy the "
+                         "given policy to jaxrl_agent/assets/demo_policy by hand with its own description")
     t0 = time.time()
     done = {"sft": given_sft(cfg.sft_from)} if cfg.sft_from else stages.sft_policies(cfg, success_only=False)
     runs = report.run_names(cfg.rl.seeds, cfg.rl.second_algo)
