@@ -84,3 +84,34 @@ def test_generator_wording_changes_only_the_instruction(tmp_path):
         assert all(f"`{p}`" in new.instruction for p in old.dev_tests)
     main([str(tmp_path / "w.jsonl"), "--generator-wording"])
     assert load_tasks(str(tmp_path / "w.jsonl")) == reworded
+
+
+def test_module_renamed_validation_instances_differ_only_in_the_file_name(tmp_path):
+    """Made-up and pool module names pair up instance by instance: same function, bugs and
+    test cases; the file, its tests and the instruction carry the new name; both sound."""
+    from experiments.binary_search_rl.handwritten_tasks import main, validation_with_module_names
+    from experiments.binary_search_rl.stages import validation_tasks
+    from experiments.binary_search_rl.config import StudyConfig
+
+    made_up = validation_with_module_names(6, made_up=True)
+    pool = validation_with_module_names(6, made_up=False)
+    originals = validation_tasks(StudyConfig(), 6)
+    for a, b, o in zip(made_up, pool, originals):
+        assert a.metadata["template"] == b.metadata["template"] == o.metadata["template"]
+        assert (a.metadata["fn"], a.metadata["bugs"]) == (b.metadata["fn"], b.metadata["bugs"])
+        mod = a.metadata["source_file"][:-3]
+        assert mod not in TEMPLATES[a.metadata["template"]].modules
+        assert b.metadata["source_file"][:-3] in TEMPLATES[b.metadata["template"]].modules
+        assert f"`{a.metadata['source_file']}`" in a.instruction and list(a.files) == [a.metadata["source_file"]]
+        assert all(f"from {mod} import" in t for t in a.hidden_tests.values())
+    main([str(tmp_path / "m.jsonl"), "--made-up-modules=6"])
+    assert load_tasks(str(tmp_path / "m.jsonl")) == made_up
+    with pytest.raises(SystemExit, match="at most one"):
+        main([str(tmp_path / "x.jsonl"), "--made-up-modules=2", "--generator-wording"])
+
+
+def test_module_renamed_tasks_pass_check_task(sb):
+    from experiments.binary_search_rl.handwritten_tasks import validation_with_module_names
+
+    for t in validation_with_module_names(3, made_up=True):
+        assert check_task(t, sb) == [], t.task_id

@@ -95,6 +95,21 @@ def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
     return out
 
 
+def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool) -> list[Task]:
+    """Each task re-made from its template with its own seeded draws, the module named from
+    a separate stream: a made-up word (`made_up`) or a name from the template's pool. The two
+    lists pair up: same identifiers, bugs and tests, only the file name differs (unless a
+    made-up name collides with an identifier and make_instance draws again). Measures whether
+    a policy copies the listed file name or writes one it memorised."""
+    out = []
+    for i, task in enumerate(tasks):
+        tpl = TEMPLATES[task.metadata["template"]]
+        name_rng = random.Random(f"module|{seed}|{i}")
+        module = _made_up(name_rng, set()) if made_up else name_rng.choice(tpl.modules)
+        out.append(make_instance(tpl, random.Random(f"instance|{seed}|{i}"), split="train", seed=seed, module=module))
+    return out
+
+
 def drill_transcript(task: Task, workspace: str, rng: random.Random, extra_edits: int = 2,
                      tool_style: str = "short", changes: list[int] | None = None) -> Transcript:
     """One drill on `workspace` (a fresh copy of the task's files); see the module docstring.

@@ -5,7 +5,10 @@ a wrong comparison, `low = mid`) with what the generator never makes: other file
 names, packages, a class method, two functions in a file, tests under `tests/`, a user's
 wording. Hidden tests use calls with plain data only (README "Bring your own tasks").
 `python -m experiments.binary_search_rl.handwritten_tasks [out.jsonl]` writes them (default:
-the shipped jsonl, which `tests/test_handwritten_tasks.py` keeps current).
+the shipped jsonl, which `tests/test_handwritten_tasks.py` keeps current). Two variants split
+a failure on them into its causes: `--generator-wording` (the same code, the generator's
+instruction sentence) and `--made-up-modules=N` / `--pool-modules=N` (validation instances of
+the generator's own templates, paired, differing only in the file's name).
 """
 from __future__ import annotations
 
@@ -302,15 +305,39 @@ def in_generator_wording(tasks: list[Task]) -> list[Task]:
     return out
 
 
+def validation_with_module_names(n: int, *, made_up: bool) -> list[Task]:
+    """`n` validation instances of the training templates (the gate's stream, seed 0 + 5555,
+    never a held-out set) re-made with made-up or pool module names
+    (`drills.module_renamed_tasks`): the file-name half of this check on the generator's own
+    code, paired instance by instance."""
+    from experiments.binary_search_rl.drills import module_renamed_tasks
+    from experiments.binary_search_rl.stages import validation_tasks
+    from experiments.binary_search_rl.config import StudyConfig
+
+    return module_renamed_tasks(validation_tasks(StudyConfig(), n), 5555, made_up=made_up)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`[OUT.jsonl] [--generator-wording]`."""
+    """`[OUT.jsonl] [--generator-wording | --made-up-modules=N | --pool-modules=N]`."""
     args = sys.argv[1:] if argv is None else argv
-    wording = "--generator-wording" in args
     paths = [a for a in args if not a.startswith("--")]
     path = paths[0] if paths else DEFAULT_PATH
-    tasks = handwritten_tasks()
-    save_tasks(path, in_generator_wording(tasks) if wording else tasks)
-    print(f"wrote {len(tasks)} tasks to {path}" + (" (the generator's wording)" if wording else ""))
+    flags = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args if a.startswith("--"))
+    unknown = set(flags) - {"generator-wording", "made-up-modules", "pool-modules"}
+    if unknown or len(flags) > 1:
+        raise SystemExit(f"unknown or combined options {sorted(flags)}: use at most one of --generator-wording, "
+                         "--made-up-modules=N, --pool-modules=N")
+    if "made-up-modules" in flags or "pool-modules" in flags:
+        made_up = "made-up-modules" in flags
+        tasks = validation_with_module_names(int(flags["made-up-modules" if made_up else "pool-modules"]),
+                                             made_up=made_up)
+        what = "validation instances, " + ("made-up" if made_up else "pool") + " module names"
+    elif "generator-wording" in flags:
+        tasks, what = in_generator_wording(handwritten_tasks()), "hand-written, the generator's wording"
+    else:
+        tasks, what = handwritten_tasks(), "hand-written"
+    save_tasks(path, tasks)
+    print(f"wrote {len(tasks)} tasks ({what}) to {path}")
 
 
 if __name__ == "__main__":
