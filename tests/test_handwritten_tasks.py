@@ -115,3 +115,20 @@ def test_module_renamed_tasks_pass_check_task(sb):
 
     for t in validation_with_module_names(3, made_up=True):
         assert check_task(t, sb) == [], t.task_id
+
+
+def test_demonstrations_on_made_up_modules_read_and_fix_the_listed_file(sb):
+    """`made_up_modules` training data: the expert lists the files, reads the made-up one by
+    its listed name and still fixes it (reward 1), so the path it writes is a copy."""
+    from experiments.binary_search_rl.drills import module_renamed_tasks
+    from jaxrl_agent.demonstrations import collect_demonstrations
+    from jaxrl_agent.env.tasks import generate_tasks
+    from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+
+    tasks = module_renamed_tasks(generate_tasks("train", 2, 3), 3, made_up=True)
+    chat = ChatFormat(load_tokenizer(), tool_style="short")
+    for task, ep in zip(tasks, collect_demonstrations(tasks, sb, chat, ("perfect",), threads=1)):
+        text = chat.tokenizer.decode(ep.ids)
+        path = task.metadata["source_file"]
+        assert ep.reward == 1.0 and path[:-3] not in TEMPLATES[task.metadata["template"]].modules
+        assert text.index(f'"path": "{path}"') > text.index('"list_files"'), text[-800:]

@@ -32,6 +32,10 @@ class DemoStage:
     tests reveal one of its two bugs, only perfect and skip_tests succeed: 50% of the
     demonstrations, so SFT on all of them imitates a policy that fails there about half the
     time, and the verifier pays for what the demonstrations teach only sometimes."""
+    made_up_modules: float = 0.0
+    """Share of demonstration tasks whose file gets a made-up name (`drills.module_renamed_tasks`):
+    the expert lists the files, then reads and edits the one listed, so the path in every later
+    call is a copy of the listing, never a pool name to remember."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,10 @@ class PretrainStage:
     random_names: float = 0.0
     """Share of drill instances re-made with made-up identifiers (`drills.random_name_tasks`),
     where guessing a pool's name cannot be right (measured at 0.5: worse, see the README)."""
+    made_up_modules: float = 0.0
+    """Share of drill instances whose file gets a made-up name (`drills.module_renamed_tasks`),
+    so the drills' `read_file` path is a copy of a name never seen before. The shipped
+    policies write a memorised pool name instead (README, "Tasks written by hand")."""
     copy_steps: int = 1000
     """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`) before the drills:
     the content-keyed copy (induction head) the drills need and, alone, never form. 0 skips

@@ -95,14 +95,19 @@ def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
     return out
 
 
-def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool) -> list[Task]:
-    """Each task re-made from its template with its own seeded draws, the module named from
-    a separate stream: a made-up word (`made_up`) or a name from the template's pool. The two
-    lists pair up: same identifiers, bugs and tests, only the file name differs (unless a
-    made-up name collides with an identifier and make_instance draws again). Measures whether
-    a policy copies the listed file name or writes one it memorised."""
+def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool, share: float = 1.0) -> list[Task]:
+    """Each task (a seeded `share` of them; the others unchanged) re-made from its template
+    with its own seeded draws, the module named from a separate stream: a made-up word
+    (`made_up`) or a name from the template's pool. The two lists pair up: same identifiers,
+    bugs and tests, only the file name differs (unless a made-up name collides with an
+    identifier and make_instance draws again). Measures whether a policy copies the listed
+    file name or writes one it memorised; as training data (`made_up_modules` of the drills
+    and the demonstrations), makes a path a copy."""
     out = []
     for i, task in enumerate(tasks):
+        if share < 1.0 and random.Random(f"module-share|{seed}|{i}").random() >= share:
+            out.append(task)
+            continue
         tpl = TEMPLATES[task.metadata["template"]]
         name_rng = random.Random(f"module|{seed}|{i}")
         module = _made_up(name_rng, set()) if made_up else name_rng.choice(tpl.modules)

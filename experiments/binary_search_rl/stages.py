@@ -36,7 +36,8 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.drills import copy_sequences, make_drills, random_name_tasks, whole_transcript_loss
+from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
+                                                 whole_transcript_loss)
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
@@ -114,7 +115,8 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     if done is not None and os.path.exists(path):
         return _load_episodes(path), done
     t0 = time.time()
-    tasks = generate_tasks("train", d.num_tasks, cfg.seed)
+    tasks = module_renamed_tasks(generate_tasks("train", d.num_tasks, cfg.seed), cfg.seed, made_up=True,
+                                 share=d.made_up_modules)
     rng = random.Random(cfg.seed)
     by_style: dict[str, list] = {s: [] for s in STYLES}
     for t in tasks:
@@ -208,6 +210,7 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     if done is not None:
         return done
     tasks = random_name_tasks(generate_tasks("train", p.num_tasks, cfg.seed + 100), p.random_names, cfg.seed)
+    tasks = module_renamed_tasks(tasks, cfg.seed + 100, made_up=True, share=p.made_up_modules)
     chat = chat_format(cfg)
     drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits, mask_changes=p.mask_changes)
     if p.whole_transcript:
