@@ -11,6 +11,7 @@ from experiments.binary_search_rl.handwritten_tasks import DEFAULT_PATH, handwri
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import load_tasks
 from jaxrl_agent.env.templates import TEMPLATES, Template
+from jaxrl_agent.env.tools import create_workspaces
 from jaxrl_agent.env.verifier import check_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,14 +22,6 @@ TASKS = handwritten_tasks()
 def sb():
     with Sandbox(num_workers=1, timeout_s=20, memory_mb=512) as s:
         yield s
-
-
-def _write(root, files):
-    for rel, text in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
 
 
 def test_eight_tasks_with_bug_records():
@@ -48,9 +41,8 @@ def test_tasks_pass_check_task_and_dev_tests_reveal_a_bug(sb, tmp_path):
         assert check_task(t, sb) == [], t.task_id
         for label, files, want_fail in (("buggy", t.files, True),
                                         ("fixed", {**t.files, **t.reference_files}, False)):
-            ws = tmp_path / f"{i}-{label}"
-            _write(str(ws), {**files, **t.dev_tests})
-            res = sb.run(str(ws), [sys.executable, "-m", "pytest", "-q", *sorted(t.dev_tests)],
+            ws = create_workspaces({**files, **t.dev_tests}, str(tmp_path / f"{i}-{label}"), 1)[0]
+            res = sb.run(ws, [sys.executable, "-m", "pytest", "-q", *sorted(t.dev_tests)],
                          timeout_s=10, test_timeout_s=0.5)
             assert res.error is None and (res.returncode != 0) == want_fail, (t.task_id, label, res.stdout[-500:])
 
