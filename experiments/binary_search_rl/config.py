@@ -148,6 +148,10 @@ class RLStage:
     whole batch, then PPO-clipped updates on each mini-batch)."""
     num_train_tasks: int = 2000
     """Training task pool (iterated in a seeded order; disjoint seeds from the held-out splits)."""
+    silent_bug_share: float = 0.0
+    """Share of the training pool whose dev tests pass with a bug still in the code
+    (`silent_bugs.py`; the canonical task's kind), where the verifier pays for not trusting
+    passing tests. 0 keeps the pool as generated: about a quarter of it is of that kind."""
     eval_every: int = 10
     """Validation evaluation during the run, for the learning curve (never used to select)."""
     curve_tasks: int = 24

@@ -36,6 +36,7 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
+from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
                                                  whole_transcript_loss)
 
@@ -356,6 +357,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
         rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
                              interface_error_penalty=r.interface_error_penalty),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=validation_tasks(cfg, r.curve_tasks),
+        train_tasks=rl_pool(r.num_train_tasks, seed, r.silent_bug_share),
         show_progress=False, tool_style=cfg.tool_style,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
                                          + (f"  validation {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
