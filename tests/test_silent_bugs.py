@@ -72,3 +72,18 @@ def test_rl_pool_unchanged_at_share_zero_and_silent_validation_instances():
     assert {t.task_id for t in found} <= stream
     with pytest.raises(ValueError, match="max_scan"):
         silent_bug_tasks("train", 50, 5555, max_scan=64)
+
+
+def test_main_writes_the_study_validation_instances(tmp_path):
+    from experiments.binary_search_rl import stages
+    from experiments.binary_search_rl.config import StudyConfig
+    from experiments.binary_search_rl.silent_bugs import VALIDATION_SEED, main
+    from jaxrl_agent.env.tasks import load_tasks
+
+    assert VALIDATION_SEED == StudyConfig().seed + stages.VALIDATION_SEED_OFFSET
+    main([str(tmp_path / "s.jsonl"), "--tasks=3"])
+    assert load_tasks(str(tmp_path / "s.jsonl")) == silent_bug_tasks("train", 3, VALIDATION_SEED)
+    main([str(tmp_path / "n.jsonl"), "--tasks=4", "--natural"])
+    assert load_tasks(str(tmp_path / "n.jsonl")) == stages.validation_tasks(StudyConfig(), 4)
+    with pytest.raises(SystemExit, match="usage"):
+        main([str(tmp_path / "x.jsonl"), "--heldout"])

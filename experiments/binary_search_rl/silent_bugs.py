@@ -20,8 +20,9 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import sys
 
-from jaxrl_agent.env.tasks import Task, _call, generate_tasks
+from jaxrl_agent.env.tasks import Task, _call, generate_tasks, save_tasks
 
 
 def partial_fixes(task: Task) -> list[str] | None:
@@ -110,3 +111,29 @@ def rl_pool(n: int, seed: int, share: float = 0.0) -> list[Task]:
     default), reweighted to `share` silent tasks when `share` is not 0."""
     tasks = generate_tasks("train", n, seed)
     return reweight(tasks, share, seed) if share else tasks
+
+
+VALIDATION_SEED = 5555
+"""The study's validation instances: train split, `StudyConfig.seed` 0 + stages.VALIDATION_SEED_OFFSET."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`OUT.jsonl [--tasks=N] [--natural]`: the first N (default 32) silent validation instances,
+    or with `--natural` the first N validation instances whatever they are, as a task file for
+    `python -m jaxrl_agent eval --eval.task_file=OUT.jsonl` (choices are made on these, never on
+    a held-out set)."""
+    args = sys.argv[1:] if argv is None else argv
+    paths = [a for a in args if not a.startswith("--")]
+    flags = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args if a.startswith("--"))
+    if len(paths) != 1 or set(flags) - {"tasks", "natural"}:
+        raise SystemExit("usage: python -m experiments.binary_search_rl.silent_bugs OUT.jsonl [--tasks=N] [--natural]")
+    n = int(flags.get("tasks", 32))
+    natural = "natural" in flags
+    tasks = generate_tasks("train", n, VALIDATION_SEED) if natural else silent_bug_tasks("train", n, VALIDATION_SEED)
+    save_tasks(paths[0], tasks)
+    print(f"wrote {len(tasks)} {'validation' if natural else 'silent-bug validation'} instances "
+          f"({sum(map(silent_bug, tasks))} silent) to {paths[0]}")
+
+
+if __name__ == "__main__":
+    main()
