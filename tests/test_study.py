@@ -82,6 +82,13 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     assert set(half_summary["heldout_instances"]) == {"sft", "rl", "control"}
     assert half_summary["training"]["sft"]["given"] and "demos" not in half_summary["training"]
     assert all((tmp_path / "shipped" / p / "model.safetensors").exists() for p in ("sft", "rl"))
+    # an ablation from the given SFT policy, on a pool reweighted toward silent-bug tasks
+    assert ablate_main(half + [f"--sft_from={given}", f"--results_dir={tmp_path / 'half'}", "--name=silent",
+                               "--control=false", "--rl.silent_bug_share=0.5", "--rl.num_train_tasks=40"]) == 0
+    out = capsys.readouterr().out
+    assert "[sft] step" not in out and "| rl | success |" in out and "| control |" not in out
+    saved = json.loads((tmp_path / "work" / "ablations" / "silent" / "rl" / "stamp.json").read_text())
+    assert saved["stamp"]["rl"]["silent_bug_share"] == 0.5 and saved["stamp"]["start"] == str(given)
     with pytest.raises(ValueError, match="not an HF policy directory"):
         main(half + [f"--sft_from={tmp_path}", f"--results_dir={tmp_path / 'half'}"])
     with pytest.raises(ValueError, match="needs the SFT stage"):

@@ -1,7 +1,8 @@
 """`python -m experiments.binary_search_rl.ablate --name=NAME [--control=true] [--section.field=value ...]`
 
 One RL setting tried against its own shuffled-reward control, from the study's SFT policy
-(stages 1-2 are reused from `work_dir` when cached, built otherwise), judged on training data
+(stages 1-2 are reused from `work_dir` when cached, built otherwise; `--sft_from=DIR` starts
+from a given one, e.g. the shipped `results/policies/sft`), judged on training data
 only: success and behaviour of every iteration's training rollouts, and pass@1 on fresh
 instances of the *training* templates before and after (a validation set; the held-out sets
 are never read, so a setting chosen here is not tuned on them).
@@ -27,6 +28,7 @@ import sys
 from jaxrl_agent.cli import apply_overrides
 
 from experiments.binary_search_rl import stages
+from experiments.binary_search_rl.__main__ import given_sft
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 
 SERIES = ("success", "tool_errors", "interface_errors", "submitted", "edits", "tokens")
@@ -36,7 +38,7 @@ def run_ablation(cfg: StudyConfig, name: str, *, control: bool = True) -> dict:
     """RL with `cfg.rl` (and, with `control`, the same run on shuffled rewards) from the SFT policy."""
     if not name or os.sep in name or name.startswith("."):
         raise ValueError(f"--name must be a plain directory name, got {name!r}")
-    start = stages.sft_policies(cfg, success_only=False)["sft"]
+    start = given_sft(cfg.sft_from) if cfg.sft_from else stages.sft_policies(cfg, success_only=False)["sft"]
     out_dir = os.path.join(cfg.work_dir, "ablations", name)
     sub = dataclasses.replace(cfg, work_dir=out_dir)
     runs = {}
