@@ -488,3 +488,13 @@ def test_drill_change_edits_leave_their_random_line_out_of_the_loss():
     assert dropped_total > 0
     with pytest.raises(ValueError, match="not an edit call"):
         mask_change_addresses(plain[0], [0], chat.tokenizer.decode, workspace_files(tasks[0]))  # turn 0 reads
+
+
+def test_behaviour_series_counts_either_styles_edits():
+    from experiments.binary_search_rl.stages import behaviour_series
+
+    m = {"rollout/tool_calls_per_episode/replace_lines": 1.5, "rollout/terminations/submitted": 0.75,
+         "rollout/tool_calls_per_episode/read_file": 2.0}
+    got = behaviour_series(m)
+    assert got["edits"] == 1.5 and got["submitted"] == 0.75 and got["tool_errors"] == 0.0
+    assert behaviour_series({**m, "rollout/tool_calls_per_episode/str_replace": 0.5})["edits"] == 2.0

@@ -262,10 +262,17 @@ def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
 
 
 # ---- 3. RL and the shuffled-reward control ----
-# per-iteration behaviour of the training rollouts kept in the stage result (name -> metric)
-_BEHAVIOUR_SERIES = {"tool_errors": "tool_errors_per_episode", "interface_errors": "interface_errors_per_episode",
-                     "submitted": "terminations/submitted", "edits": "tool_calls_per_episode/str_replace",
-                     "tokens": "mean_tokens"}
+# per-iteration behaviour of the training rollouts kept in the stage result (name -> summed metrics;
+# an edit is either tool style's edit call)
+_BEHAVIOUR_SERIES = {"tool_errors": ("tool_errors_per_episode",), "interface_errors": ("interface_errors_per_episode",),
+                     "submitted": ("terminations/submitted",),
+                     "edits": ("tool_calls_per_episode/str_replace", "tool_calls_per_episode/replace_lines"),
+                     "tokens": ("mean_tokens",)}
+
+
+def behaviour_series(metrics: dict) -> dict[str, float]:
+    """One iteration's training-rollout behaviour (`_BEHAVIOUR_SERIES`) from its flat metrics."""
+    return {short: sum(metrics.get(f"rollout/{k}", 0.0) for k in keys) for short, keys in _BEHAVIOUR_SERIES.items()}
 
 
 def validation_tasks(cfg: StudyConfig, n: int):
@@ -369,7 +376,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
     for it, m in enumerate(res["iterations"], start=1):  # flat metrics, "section/name" keys
         train_reward.append({"iteration": it, "reward": m["rollout/reward_mean"], "success": m["rollout/success"],
                              "loss": m.get("train/loss"), "mixed_groups": m.get("rollout/mixed_group_share"),
-                             **{short: m.get(f"rollout/{key}", 0.0) for short, key in _BEHAVIOUR_SERIES.items()}})
+                             **behaviour_series(m)})
         if "eval/pass1" in m:
             curve.append({"iteration": it, "validation_pass1": m["eval/pass1"]})
     curve.append({"iteration": r.iterations, "validation_pass1": res["after"]["pass1"]})
