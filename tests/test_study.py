@@ -16,7 +16,7 @@ POLICIES = ("sft", "sft_success_only", *run_names((0, 1), "rloo"))
 TINY = ["--rl.seeds=0,1", "--gate.tasks=1", "--gate.samples=1", "--gate.min_sequential_share=0",
         "--eval.passk_samples=2", "--pretrain.num_tasks=4", "--pretrain.steps=2", "--pretrain.copy_steps=2", "--demos.num_tasks=3", "--sft.steps=2", "--sft.batch_size=2", "--rl.iterations=1", "--rl.tasks_per_iter=1",
         "--rl.group_size=2", "--rl.mini_batches=1", "--rl.num_train_tasks=2", "--rl.eval_every=1", "--rl.curve_tasks=1",
-        "--rl.require_signal=false", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
+        "--rl.require_signal=false", "--rl.silent_bug_share=0", "--eval.canonical_samples=2", "--eval.heldout_instance_tasks=1",
         "--eval.heldout_template_tasks=1", "--eval.samples_per_task=1", "--diagnose.tasks=2", "--model.num_layers=1",
         "--model.hidden_size=32", "--model.num_heads=2", "--model.num_kv_heads=1", "--model.intermediate_size=64"]
 

@@ -148,10 +148,13 @@ class RLStage:
     whole batch, then PPO-clipped updates on each mini-batch)."""
     num_train_tasks: int = 2000
     """Training task pool (iterated in a seeded order; disjoint seeds from the held-out splits)."""
-    silent_bug_share: float = 0.0
+    silent_bug_share: float = 0.5
     """Share of the training pool whose dev tests pass with a bug still in the code
     (`silent_bugs.py`; the canonical task's kind), where the verifier pays for not trusting
-    passing tests. 0 keeps the pool as generated: about a quarter of it is of that kind."""
+    passing tests. 0 keeps the pool as generated: about a quarter of it is of that kind. 0.5
+    was chosen on validation instances over 0, seeds 0 and 1: ahead in all four paired
+    comparisons (validation +0.117, +0.023; silent validation instances +0.023, +0.039),
+    significant in none (README of the study, "The silent-bug share")."""
     eval_every: int = 10
     """Validation evaluation during the run, for the learning curve (never used to select)."""
     curve_tasks: int = 24
