@@ -11,7 +11,7 @@ instances of that kind:
     generate_tasks(train, ., seed + 5555)  --silent_bug_tasks-->  silent validation instances
 
 A task is *silent* when fixing some but not all of its bugs makes every dev test pass (the
-hidden tests still fail: `make_instance` checks every bug is visible to them). The check runs
+hidden tests catch each bug alone: `make_instance` checks that). The check runs
 the generator's own dev tests in-process on the generator's own code, never an agent's: it is
 the task generator's kind of check (`tasks._call`), not the sandbox's.
 """
@@ -73,7 +73,7 @@ def silent_bug_tasks(split: str, n: int, seed: int, *, max_scan: int = 20000) ->
     """The first `n` silent instances of `split` in the stream `generate_tasks(split, ., seed)`;
     deterministic in (split, n, seed). Raises ValueError if `max_scan` instances hold fewer."""
     found: list[Task] = []
-    scanned, chunk = 0, max(64, 16 * n)  # about 6% of the training pool is silent
+    scanned, chunk = 0, max(64, 8 * n)  # a quarter of the training pool is silent: 8n usually hold n
     while len(found) < n:
         if scanned >= max_scan:
             raise ValueError(f"only {len(found)} of {n} silent-bug instances in the first {scanned} of split "

@@ -36,9 +36,9 @@ from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
-from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
                                                  whole_transcript_loss)
+from experiments.binary_search_rl.silent_bugs import rl_pool
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
