@@ -34,7 +34,8 @@ from jaxrl_agent.trajectory import Episode
 
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.edits import EDIT_PARTS, edit_parts, policy_turns
-from experiments.binary_search_rl.stages import _policy_mtime, cached, chat_format, code_fingerprint, finish, tools_config
+from experiments.binary_search_rl.stage_cache import cached, code_fingerprint, finish, policy_mtime
+from experiments.binary_search_rl.stages import chat_format, tools_config
 
 SEED_OFFSET = 200
 """Instances come from `heldout_instances` with seed `eval.seed + 200` (evaluation uses
@@ -128,7 +129,7 @@ def teacher_forced(cfg: StudyConfig, policies: dict[str, str], sandbox) -> dict:
     """`turn_accuracy` of each policy (name -> policy dir) on `cfg.diagnose.tasks` expert
     episodes; cached under `<work_dir>/diagnose` like the other stages."""
     stamp = {"diagnose": asdict(cfg.diagnose), "eval_seed": cfg.eval.seed, "test_timeout_s": cfg.test_timeout_s,
-             "policies": {name: [path, _policy_mtime(path)] for name, path in policies.items()},
+             "policies": {name: [path, policy_mtime(path)] for name, path in policies.items()},
              "code": code_fingerprint(sys.modules[__name__])}
     done = cached(cfg, "diagnose", stamp)
     if done is not None:

@@ -27,6 +27,7 @@ from jaxrl_agent.cli import apply_overrides
 from jaxrl_agent.env.sandbox import Sandbox
 
 from experiments.binary_search_rl import diagnostics, stages
+from experiments.binary_search_rl.stage_cache import stage_dir
 from experiments.binary_search_rl.config import PRESETS
 
 
@@ -36,7 +37,7 @@ def check(cfg) -> dict:
     if base is None:
         raise ValueError("--pretrain.steps=0: there is no pretraining stage to check")
     policies = {"pretrain": base["policy"]}
-    copy_only = os.path.join(stages.stage_dir(cfg, "pretrain_copy"), "policy")
+    copy_only = os.path.join(stage_dir(cfg, "pretrain_copy"), "policy")
     if cfg.pretrain.copy_steps > 0 and os.path.isdir(copy_only):
         policies["copy_only"] = copy_only
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:

@@ -1,14 +1,11 @@
 """The study's stages: demonstrations, SFT, RL (and its shuffled-reward control), evaluation.
 
-Each stage writes its outputs under `<work_dir>/<stage>/` together with `stamp.json` (the
-config that produced it and the stamps of its inputs). `cached(...)` reuses a finished stage
-only when its stamp is unchanged, so an interrupted study resumes where it stopped and a
-changed setting recomputes exactly the stages that depend on it.
+Each stage writes its outputs under `<work_dir>/<stage>/` with the stamp of what made it
+(`stage_cache.py`), so an interrupted study resumes where it stopped and a changed setting
+recomputes exactly the stages that depend on it.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import os
 import random
@@ -39,6 +36,7 @@ from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
                                                  whole_transcript_loss)
 from experiments.binary_search_rl.silent_bugs import rl_pool
+from experiments.binary_search_rl.stage_cache import cached, code_fingerprint, finish, policy_mtime, stage_dir
 
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
@@ -57,43 +55,6 @@ def tools_config(cfg: StudyConfig) -> ToolConfig:
 
 def chat_format(cfg: StudyConfig, tok=None) -> ChatFormat:
     return ChatFormat(tok or load_tokenizer(), tool_style=cfg.tool_style)
-
-
-# ---- stage bookkeeping ----
-def stage_dir(cfg: StudyConfig, name: str) -> str:
-    path = os.path.join(cfg.work_dir, name)
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def cached(cfg: StudyConfig, name: str, stamp: dict) -> dict | None:
-    """The saved result of stage `name` if it finished with this exact `stamp`, else None."""
-    path = os.path.join(cfg.work_dir, name, "stamp.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        saved = json.load(f)
-    return saved["result"] if saved.get("stamp") == json.loads(json.dumps(stamp, default=str)) else None
-
-
-def _policy_mtime(policy_dir: str) -> float:
-    """When the policy's weights were written: a re-made input stage invalidates its users
-    even though its directory keeps the same path."""
-    return os.path.getmtime(os.path.join(policy_dir, "model.safetensors"))
-
-
-def code_fingerprint(module) -> str:
-    """A fingerprint of a module's source, in the stamps of the stages whose verdict it
-    computes or whose data it makes (evaluation.py for the gate and the evaluations,
-    diagnostics.py for the diagnostic, the expert for the demonstrations): changed code re-runs
-    them instead of reusing what it would no longer say."""
-    return hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
-
-
-def finish(cfg: StudyConfig, name: str, stamp: dict, result: dict) -> dict:
-    with open(os.path.join(stage_dir(cfg, name), "stamp.json"), "w") as f:
-        json.dump({"stamp": stamp, "result": result}, f, indent=1, default=str)
-    return result
 
 
 # ---- 1. demonstrations ----
@@ -232,7 +193,7 @@ def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, 
     with `success_only`, i.e. rejection-sampling fine-tuning)."""
     s = cfg.sft
     stamp = {"sft": asdict(s), "model": asdict(cfg.model), "seed": cfg.seed, "success_only": success_only,
-             "demos": demo_stamp, "base": base and base["policy"], "base_mtime": base and _policy_mtime(base["policy"])}
+             "demos": demo_stamp, "base": base and base["policy"], "base_mtime": base and policy_mtime(base["policy"])}
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -299,7 +260,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
     g = cfg.gate
     stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(start["policy"]), "evaluation_code": code_fingerprint(evaluation)}
+             "policy_mtime": policy_mtime(start["policy"]), "evaluation_code": code_fingerprint(evaluation)}
     done = cached(cfg, "gate", stamp)
     if done is not None:
         return done
@@ -331,7 +292,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, algo:
     seed = cfg.seed if seed is None else seed
     run = {k: v for k, v in asdict(r).items() if k not in ("seeds", "second_algo")} | {"algo": algo}
     stamp = {"rl": run, "seed": seed, "shuffle": shuffle_rewards, "start": start["policy"],
-             "start_mtime": _policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
+             "start_mtime": policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
@@ -403,7 +364,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
     is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
-             "policy_mtime": _policy_mtime(policy), "passk": passk, "evaluation_code": code_fingerprint(evaluation)}
+             "policy_mtime": policy_mtime(policy), "passk": passk, "evaluation_code": code_fingerprint(evaluation)}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
