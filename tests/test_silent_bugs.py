@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from experiments.binary_search_rl.silent_bugs import (dev_tests_pass, partial_fixes, reweight, rl_pool, silent_bug,
-                                                      silent_bug_tasks)
+from experiments.binary_search_rl.silent_bugs import (canonical_like_tasks, dev_tests_pass, partial_fixes, reweight,
+                                                      rl_pool, silent_bug, silent_bug_tasks)
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import create_workspaces
@@ -74,6 +74,31 @@ def test_rl_pool_unchanged_at_share_zero_and_silent_validation_instances():
         silent_bug_tasks("train", 50, 5555, max_scan=64)
 
 
+def test_canonical_like_instances_are_the_canonical_kind_and_never_the_canonical_task():
+    canonical = binary_search_task()
+    tasks = canonical_like_tasks(6, seed=0)
+    assert len(tasks) == 6 and all(map(silent_bug, tasks))
+    for t in tasks:
+        assert t.metadata["template"] == canonical.metadata["template"]
+        assert [b["fixed"].strip()[-3:] for b in t.metadata["bugs"]] == ["+ 1", "- 1"]  # lo = mid + 1, hi = mid - 1
+        assert t.files[t.metadata["source_file"]] != canonical.files["bsearch.py"]
+        # the lo bug loops on the last element, as on the canonical task: the dev tests fail
+        assert not dev_tests_pass(t, t.files[t.metadata["source_file"]])
+    # training (seed 0) and validation (5555) draws share no instance; both are deterministic
+    assert not {t.task_id for t in tasks} & {t.task_id for t in canonical_like_tasks(6, seed=5555)}
+    assert canonical_like_tasks(6, seed=0) == tasks
+
+
+def test_rl_pool_adds_the_canonical_kind_at_its_share():
+    base = rl_pool(60, 0)
+    pool = rl_pool(60, 0, canonical_share=0.25)
+    added = [t for t in pool if t.task_id.startswith("canonical-like-0-")]
+    assert len(pool) == 80 and len(added) == 20
+    assert {t.task_id for t in pool} - {t.task_id for t in added} == {t.task_id for t in base}
+    with pytest.raises(ValueError, match="canonical-like share"):
+        rl_pool(60, 0, canonical_share=1.0)
+
+
 def test_main_writes_the_study_validation_instances(tmp_path):
     from experiments.binary_search_rl import stages
     from experiments.binary_search_rl.config import StudyConfig
@@ -85,5 +110,8 @@ def test_main_writes_the_study_validation_instances(tmp_path):
     assert load_tasks(str(tmp_path / "s.jsonl")) == silent_bug_tasks("train", 3, VALIDATION_SEED)
     main([str(tmp_path / "n.jsonl"), "--tasks=4", "--natural"])
     assert load_tasks(str(tmp_path / "n.jsonl")) == stages.validation_tasks(StudyConfig(), 4)
-    with pytest.raises(SystemExit, match="usage"):
-        main([str(tmp_path / "x.jsonl"), "--heldout"])
+    main([str(tmp_path / "c.jsonl"), "--tasks=2", "--canonical-like"])
+    assert load_tasks(str(tmp_path / "c.jsonl")) == canonical_like_tasks(2, VALIDATION_SEED)
+    for bad in (["--heldout"], ["--natural", "--canonical-like"]):
+        with pytest.raises(SystemExit, match="usage"):
+            main([str(tmp_path / "x.jsonl"), *bad])

@@ -22,7 +22,7 @@ import random
 import re
 import sys
 
-from jaxrl_agent.env.tasks import Task, _call, generate_tasks, save_tasks
+from jaxrl_agent.env.tasks import TEMPLATES, Task, _call, generate_tasks, make_instance, save_tasks
 
 
 def partial_fixes(task: Task) -> list[str] | None:
@@ -106,32 +106,73 @@ def reweight(tasks: list[Task], share: float, seed: int) -> list[Task]:
     return pool
 
 
-def rl_pool(n: int, seed: int, share: float = 0.0) -> list[Task]:
+def rl_pool(n: int, seed: int, share: float = 0.0, canonical_share: float = 0.0) -> list[Task]:
     """The RL training tasks: `generate_tasks("train", n, seed)` (what `rl.train_rl` draws by
-    default), reweighted to `share` silent tasks when `share` is not 0."""
+    default), reweighted to `share` silent tasks when `share` is not 0, then with
+    `canonical_like_tasks(., seed)` added to make up `canonical_share` of the result (the
+    canonical task's kind, drawn with the training seed: never the validation instances,
+    which use VALIDATION_SEED, nor the canonical task itself); shuffled with `seed`."""
     tasks = generate_tasks("train", n, seed)
-    return reweight(tasks, share, seed) if share else tasks
+    pool = reweight(tasks, share, seed) if share else tasks
+    if not canonical_share:
+        return pool
+    if not 0.0 < canonical_share < 1.0:
+        raise ValueError(f"canonical-like share must be in [0, 1), got {canonical_share}")
+    k = max(1, round(len(pool) * canonical_share / (1.0 - canonical_share)))
+    pool = pool + canonical_like_tasks(k, seed)
+    random.Random(f"canonical-mix|{seed}").shuffle(pool)
+    return pool
 
 
 VALIDATION_SEED = 5555
 """The study's validation instances: train split, `StudyConfig.seed` 0 + stages.VALIDATION_SEED_OFFSET."""
 
 
+def canonical_like_tasks(n: int, seed: int = VALIDATION_SEED) -> list[Task]:
+    """`n` instances of the canonical task's kind with other names and inputs: `bsearch_find`
+    with its two bound bugs (`lo = mid`, `hi = mid`), dev tests of typical values and the last
+    element, kept only when silent (fix `lo` alone and the dev tests pass, as on the canonical
+    task). Deterministic in (n, seed); the canonical task itself (`tasks.binary_search_task`,
+    names low/high/mid, module bsearch, fixed inputs) is never drawn: its names are skipped."""
+    tpl, out, i = TEMPLATES["bsearch_find"], [], 0
+    while len(out) < n:
+        rng = random.Random(f"canonical-like|{seed}|{i}")
+        i += 1
+        task = make_instance(tpl, rng, split="train", seed=seed, sites=[(0, 0), (1, 0)],
+                             dev_kinds=("typical", "last"))
+        names = (task.metadata["fn"], task.metadata["module"])
+        if names == ("binary_search", "bsearch") or not silent_bug(task):
+            continue
+        task.task_id = f"canonical-like-{seed}-{i - 1}"
+        out.append(task)
+        if i > 50 * n + 100:
+            raise ValueError(f"only {len(out)} of {n} canonical-like instances in {i} draws")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`OUT.jsonl [--tasks=N] [--natural]`: the first N (default 32) silent validation instances,
-    or with `--natural` the first N validation instances whatever they are, as a task file for
+    """`OUT.jsonl [--tasks=N] [--natural | --canonical-like]`: the first N (default 32) silent
+    validation instances, or with `--natural` the first N validation instances whatever they
+    are, or with `--canonical-like` `canonical_like_tasks(N)`, as a task file for
     `python -m jaxrl_agent eval --eval.task_file=OUT.jsonl` (choices are made on these, never on
     a held-out set)."""
     args = sys.argv[1:] if argv is None else argv
     paths = [a for a in args if not a.startswith("--")]
     flags = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args if a.startswith("--"))
-    if len(paths) != 1 or set(flags) - {"tasks", "natural"}:
-        raise SystemExit("usage: python -m experiments.binary_search_rl.silent_bugs OUT.jsonl [--tasks=N] [--natural]")
+    if len(paths) != 1 or set(flags) - {"tasks", "natural", "canonical-like"} or \
+            {"natural", "canonical-like"} <= set(flags):
+        raise SystemExit("usage: python -m experiments.binary_search_rl.silent_bugs OUT.jsonl [--tasks=N] "
+                         "[--natural | --canonical-like]")
     n = int(flags.get("tasks", 32))
     natural = "natural" in flags
-    tasks = generate_tasks("train", n, VALIDATION_SEED) if natural else silent_bug_tasks("train", n, VALIDATION_SEED)
+    if "canonical-like" in flags:
+        tasks, what = canonical_like_tasks(n), "canonical-like validation"
+    elif natural:
+        tasks, what = generate_tasks("train", n, VALIDATION_SEED), "validation"
+    else:
+        tasks, what = silent_bug_tasks("train", n, VALIDATION_SEED), "silent-bug validation"
     save_tasks(paths[0], tasks)
-    print(f"wrote {len(tasks)} {'validation' if natural else 'silent-bug validation'} instances "
+    print(f"wrote {len(tasks)} {what} instances "
           f"({sum(map(silent_bug, tasks))} silent) to {paths[0]}")
 
 

@@ -325,7 +325,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
         rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
                              interface_error_penalty=r.interface_error_penalty),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), eval_tasks=validation_tasks(cfg, r.curve_tasks),
-        train_tasks=rl_pool(r.num_train_tasks, seed, r.silent_bug_share),
+        train_tasks=rl_pool(r.num_train_tasks, seed, r.silent_bug_share, r.canonical_like_share),
         show_progress=False, tool_style=cfg.tool_style,
         on_iteration=lambda it, m: print(f"[{name}] iter {it:3d}  reward {m['rollout/reward_mean']:.3f}"
                                          + (f"  validation {m['eval/pass1']:.3f}" if "eval/pass1" in m else ""),
