@@ -9,6 +9,7 @@ instances of that kind:
 
     generate_tasks(train, n, seed)  --silent_bug-->  silent | other  --reweight(share)-->  RL pool
     generate_tasks(train, ., seed + 5555)  --silent_bug_tasks-->  silent validation instances
+    bsearch_find, both bound bugs (seed | 5555)  --canonical_like_tasks-->  RL pool share | validation
 
 A task is *silent* when fixing some but not all of its bugs makes every dev test pass (the
 hidden tests catch each bug alone: `make_instance` checks that). The check runs
@@ -136,6 +137,8 @@ def canonical_like_tasks(n: int, seed: int = VALIDATION_SEED) -> list[Task]:
     names low/high/mid, module bsearch, fixed inputs) is never drawn: its names are skipped."""
     tpl, out, i = TEMPLATES["bsearch_find"], [], 0
     while len(out) < n:
+        if i > 50 * n + 100:  # a generous bound: far past it the template no longer makes this kind
+            raise ValueError(f"only {len(out)} of {n} canonical-like instances in {i} draws")
         rng = random.Random(f"canonical-like|{seed}|{i}")
         i += 1
         task = make_instance(tpl, rng, split="train", seed=seed, sites=[(0, 0), (1, 0)],
@@ -145,8 +148,6 @@ def canonical_like_tasks(n: int, seed: int = VALIDATION_SEED) -> list[Task]:
             continue
         task.task_id = f"canonical-like-{seed}-{i - 1}"
         out.append(task)
-        if i > 50 * n + 100:
-            raise ValueError(f"only {len(out)} of {n} canonical-like instances in {i} draws")
     return out
 
 
