@@ -252,6 +252,12 @@ class RolloutConfig:
     """Episodes ending this way are returned but excluded from the update (`trainable`)."""
     filter_zero_variance: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal (no GRPO signal)."""
+    verify_test_timeout_s: float = 1.0
+    """Per-test CPU-time limit (seconds) of the verifier's hidden-test run (`verify`'s
+    `test_timeout_s`; 1.0 is `verifier.TEST_TIMEOUT_S`). A submission that loops pays it on
+    every episode it ends, on the cores the sampler needs: families whose tests run in
+    microseconds set it lower (the binary-search study uses its `test_timeout_s`,
+    benchmarks/bench_verify_limit.py). Lower is only stricter: a test over the limit fails."""
 
 
 @dataclass(frozen=True)

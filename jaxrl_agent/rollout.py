@@ -160,7 +160,8 @@ def collect_episodes(
         engine.end_episode(row)
         ep.termination = termination
         if termination == "submitted":
-            verifying[pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox)] = ep
+            verifying[pool.submit(timed, 1, _safe_verify, ep.task, ep.workspace, sandbox,
+                                  cfg.verify_test_timeout_s)] = ep
         else:
             close(ep, (0.0, {"reason": "not_submitted"}))
 
@@ -280,9 +281,9 @@ def _final_sources(ep: _Live) -> dict[str, str]:
     return out
 
 
-def _safe_verify(task: Task, workspace: str, sandbox) -> tuple[float, dict]:
+def _safe_verify(task: Task, workspace: str, sandbox, test_timeout_s: float) -> tuple[float, dict]:
     try:
-        res = verify(task, workspace, sandbox)
+        res = verify(task, workspace, sandbox, test_timeout_s=test_timeout_s)
         return float(res.reward), dict(res.info)
     except Exception as e:  # noqa: BLE001 - a verifier crash costs the episode, not the run
         return 0.0, {"reason": "verifier_crash", "detail": f"{type(e).__name__}: {e}"}

@@ -189,6 +189,18 @@ def test_free_metadata_of_a_task_file_never_crashes_the_loop(tok, chat, sandbox)
     assert summary["pass1"] == 1.0 and list(summary["per_template"]) == ["['not', 'a', 'name']"]
 
 
+def test_the_verifier_runs_under_the_rollouts_per_test_limit(tok, chat, sandbox):
+    """`RolloutConfig.verify_test_timeout_s` reaches the hidden-test run: the canonical task
+    submitted unfixed loops (`low = mid` on the last element) and fails on that limit."""
+    task = binary_search_task()
+    for limit in (0.05, 0.3):
+        eps, _ = R.collect_episodes([task], ScriptedEngine(tok, [format_tool_call("submit", {})]), chat, sandbox,
+                                    replace(RC, group_size=1, max_total_tokens=4096, max_tokens_per_turn=256,
+                                            verify_test_timeout_s=limit))
+        failure = eps[0].info["verify"]["failures"][0]["message"]
+        assert eps[0].reward == 0.0 and f"more than {limit:g} s of CPU time" in failure, failure
+
+
 def test_verifier_crash_costs_the_episode_not_the_run(tok, chat, sandbox, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("verifier exploded")

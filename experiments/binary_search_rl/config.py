@@ -217,11 +217,12 @@ class StudyConfig:
     "numbered" (the same, its text written with read_file's `N|` prefixes) or "lines"
     (str_replace of whole lines: addressed by the line's content, no line number to look up)."""
     test_timeout_s: float = 0.05
-    """Per-test CPU-time limit (seconds, ITIMER_PROF) of the agent's run_tests. A correct
-    solution in this family runs a test in well under a millisecond; a loop bug burns the whole
-    limit per looping test, on the 2 cores the sampler needs too (0.5 -> 0.05 cut a 48-episode
-    rollout from 23.8 s to 13.9 s in `benchmarks/bench_rollout.py`). The verifier keeps its own
-    limit (verifier.TEST_TIMEOUT_S)."""
+    """Per-test CPU-time limit (seconds, ITIMER_PROF) of the agent's run_tests and of the
+    verifier's hidden tests (`RolloutConfig.verify_test_timeout_s`). A correct solution in
+    this family runs a test in well under a millisecond; a loop bug burns the whole limit per
+    looping test, on the 2 cores the sampler needs too (`benchmarks/bench_rollout.py` for
+    run_tests, `benchmarks/bench_verify_limit.py` for the verifier, whose default limit is 1 s:
+    the canonical task's kind loops when submitted with its silent bug)."""
     work_dir: str = "runs/binary_search_rl"
     """Large artefacts: demonstrations, checkpoints, policies. Finished stages are reused
     from here when their config is unchanged (delete the directory to start over)."""

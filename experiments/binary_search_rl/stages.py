@@ -53,6 +53,11 @@ def tools_config(cfg: StudyConfig) -> ToolConfig:
     return ToolConfig(test_timeout_s=cfg.test_timeout_s)
 
 
+def rollout_config(cfg: StudyConfig, **fields) -> RolloutConfig:
+    """The rollout of every study stage: the verifier's per-test limit is the tools' one."""
+    return RolloutConfig(verify_test_timeout_s=cfg.test_timeout_s, **fields)
+
+
 def chat_format(cfg: StudyConfig, tok=None) -> ChatFormat:
     return ChatFormat(tok or load_tokenizer(), tool_style=cfg.tool_style)
 
@@ -269,7 +274,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=RolloutConfig().max_total_tokens, seed=cfg.seed))
     summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, chat_format(cfg, tok), sandbox,
-                          RolloutConfig(), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
+                          rollout_config(cfg), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
     layers = summary["behaviour"]["failure_layers"]
     result = {"pass1": summary["pass1"], f"pass{g.samples}": summary.get(f"pass{g.samples}"),
               "failure_layers": layers, **gate_decision(layers, g.min_sequential_share),
@@ -316,7 +321,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                     num_train_tasks=r.num_train_tasks, eval_samples=1, eval_every=r.eval_every,
                     shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=seed,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
-        rollout=RolloutConfig(group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
+        rollout=rollout_config(cfg, group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
         # group baselines need the whole batch: computed once before the mini-batch split
         train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef, agg=r.agg),
                           use_ref=r.kl_coef > 0,
@@ -372,7 +377,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     t0 = time.time()
     model, tok = load_policy(policy)
     chat = chat_format(cfg, tok)
-    rollout = RolloutConfig()
+    rollout = rollout_config(cfg)
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))
     out: dict = {}
