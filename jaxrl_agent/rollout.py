@@ -120,6 +120,9 @@ def collect_episodes(
                          f"max_total_tokens={cfg.max_total_tokens}")
     if engine.config.max_new_tokens < cfg.max_tokens_per_turn:
         raise ValueError(f"engine max_new_tokens={engine.config.max_new_tokens} < max_tokens_per_turn={cfg.max_tokens_per_turn}")
+    if not cfg.verify_test_timeout_s > 0:  # 0 would switch the per-test limit off
+        raise ValueError(f"rollout verify_test_timeout_s={cfg.verify_test_timeout_s} must be > 0 seconds "
+                         f"(the verifier's per-test CPU limit; default 1.0)")
     G = cfg.group_size
     pending = [(i, g) for i in range(len(tasks)) for g in range(G)]  # (task index, member)
     results: dict[tuple[int, int], Episode] = {}

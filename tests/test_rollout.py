@@ -199,6 +199,9 @@ def test_the_verifier_runs_under_the_rollouts_per_test_limit(tok, chat, sandbox)
                                             verify_test_timeout_s=limit))
         failure = eps[0].info["verify"]["failures"][0]["message"]
         assert eps[0].reward == 0.0 and f"more than {limit:g} s of CPU time" in failure, failure
+    with pytest.raises(ValueError, match="verify_test_timeout_s=0 must be > 0"):
+        R.collect_episodes([task], ScriptedEngine(tok, []), chat, sandbox,
+                           replace(RC, max_total_tokens=4096, max_tokens_per_turn=256, verify_test_timeout_s=0))
 
 
 def test_verifier_crash_costs_the_episode_not_the_run(tok, chat, sandbox, monkeypatch):
