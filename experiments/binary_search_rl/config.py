@@ -32,10 +32,13 @@ class DemoStage:
     tests reveal one of its two bugs, only perfect and skip_tests succeed: 50% of the
     demonstrations, so SFT on all of them imitates a policy that fails there about half the
     time, and the verifier pays for what the demonstrations teach only sometimes."""
-    made_up_modules: float = 0.0
+    made_up_modules: float = 0.5
     """Share of demonstration tasks whose file gets a made-up name (`drills.module_renamed_tasks`):
     the expert lists the files, then reads and edits the one listed, so the path in every later
-    call is a copy of the listing, never a pool name to remember."""
+    call is a copy of the listing, never a pool name to remember. 0.5 (with the drills' same
+    share) was chosen on 32 validation instances x 4 re-made with a made-up file name: the SFT
+    policy's pass@1 0.000 at 0 -> 0.516, while the same instances with pool names stay level
+    (0.594 -> 0.562) (README, "Tasks written by hand")."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,11 @@ class PretrainStage:
     random_names: float = 0.0
     """Share of drill instances re-made with made-up identifiers (`drills.random_name_tasks`),
     where guessing a pool's name cannot be right (measured at 0.5: worse, see the README)."""
-    made_up_modules: float = 0.0
+    made_up_modules: float = 0.5
     """Share of drill instances whose file gets a made-up name (`drills.module_renamed_tasks`),
-    so the drills' `read_file` path is a copy of a name never seen before. The shipped
-    policies write a memorised pool name instead (README, "Tasks written by hand")."""
+    so the drills' `read_file` path is a copy of a name never seen before. At 0 the policy
+    writes a memorised pool name instead; chosen with `DemoStage.made_up_modules` (README,
+    "Tasks written by hand")."""
     copy_steps: int = 1000
     """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`) before the drills:
     the content-keyed copy (induction head) the drills need and, alone, never form. 0 skips
