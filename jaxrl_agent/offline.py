@@ -79,12 +79,12 @@ class DataIterator:
         return [self.items[i] for i in idx]
 
     def position(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_items": len(self.items),
-                "group_by_length": self.group}
+        pos = {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_items": len(self.items)}
+        return pos | ({"group_by_length": self.group} if self.lengths is not None else {})
 
     def restore(self, pos: dict) -> None:
         if (pos.get("num_items") != len(self.items) or pos.get("seed") != self.seed
-                or pos.get("group_by_length", 0) != self.group):
+                or pos.get("group_by_length", 0) != (self.group if self.lengths is not None else 0)):
             raise ValueError(f"checkpointed data position {pos} does not match this dataset "
                              f"({len(self.items)} items, seed {self.seed}, group_by_length {self.group}): "
                              "resume with the run's own data and settings, or start a new checkpoint directory")
