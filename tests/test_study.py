@@ -498,3 +498,32 @@ def test_behaviour_series_counts_either_styles_edits():
     got = behaviour_series(m)
     assert got["edits"] == 1.5 and got["submitted"] == 0.75 and got["tool_errors"] == 0.0
     assert behaviour_series({**m, "rollout/tool_calls_per_episode/str_replace": 0.5})["edits"] == 2.0
+
+
+def test_sft_and_drill_stages_hand_their_group_by_length_to_run_sft(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from experiments.binary_search_rl import stages
+    from jaxrl_agent.trajectory import Episode
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_sft(model, data, **kw):  # records what the stage asked for, trains nothing
+        seen.append(kw["group_by_length"])
+        raise Stop
+
+    monkeypatch.setattr(stages, "run_sft", fake_run_sft)
+    cfg = StudyConfig(work_dir=str(tmp_path))
+    cfg = replace(cfg, sft=replace(cfg.sft, group_by_length=5),
+                  pretrain=replace(cfg.pretrain, group_by_length=3, num_tasks=2, copy_steps=0),
+                  model=replace(cfg.model, num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
+                                intermediate_size=64))
+    ep = Episode(ids=[1, 2, 3], loss_mask=[0, 1, 1], sampler_logp=[0.0] * 3, turn_id=[0] * 3, reward=1.0)
+    with pytest.raises(Stop):
+        stages.sft(cfg, "sft", [ep], {}, None, success_only=False)
+    with pytest.raises(Stop):
+        stages.pretrain(cfg)
+    assert seen == [5, 3]

@@ -120,9 +120,11 @@ def _load_episodes(path: str) -> list[Episode]:
 
 # ---- 2. pretraining on edit drills, SFT (all demonstrations / successful ones only) ----
 def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_size: int, learning_rate: float,
-         init: str | None, buckets: tuple[int, ...] = (512, 640, 768, 896, 1024, 1536, 2048)) -> dict:
+         init: str | None, buckets: tuple[int, ...] = (512, 640, 768, 896, 1024, 1536, 2048),
+         group_by_length: int = 0) -> dict:
     """Masked-NLL training of `init` (an HF policy directory; None: a fresh tiny model) on
-    `data` padded to `buckets`; exported to `<work_dir>/<name>/policy`."""
+    `data` padded to `buckets`, batches grouped by length when `group_by_length` > 0
+    (`offline.DataIterator`); exported to `<work_dir>/<name>/policy`."""
     t0 = time.time()
     tok = load_tokenizer()
     if init:
@@ -140,7 +142,8 @@ def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_
             print(f"[{name}] step {step:4d}/{steps}  nll {metrics['loss']:.4f}  ({time.time() - t0:.0f}s)", flush=True)
 
     state, _, ts = run_sft(model, data, train_cfg=TrainConfig(), optim_cfg=optim, traj_cfg=traj, num_steps=steps,
-                           batch_size=min(batch_size, len(data)), seed=cfg.seed, on_step=on_step)
+                           batch_size=min(batch_size, len(data)), seed=cfg.seed, on_step=on_step,
+                           group_by_length=group_by_length)
     out = os.path.join(stage_dir(cfg, name), "policy")
     export_hf(ts, state, model.config, out, tokenizer=tok)
     return {"policy": out, "episodes": len(data), "nll": nll, "seconds": time.time() - t0}
@@ -185,7 +188,7 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     copy = copy_stage(cfg, chat)
     init = copy and copy["policy"]
     result = _fit(cfg, "pretrain", drills, steps=p.steps, batch_size=p.batch_size, learning_rate=p.learning_rate,
-                  init=init)
+                  init=init, group_by_length=p.group_by_length)
     if copy is not None:  # one stage: its seconds are the copy steps' and the drills'
         result |= {"copy_nll": copy["nll"], "copy_seconds": copy["seconds"],
                    "seconds": result["seconds"] + copy["seconds"]}
@@ -206,7 +209,8 @@ def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, 
     if not data:
         raise RuntimeError(f"{name}: no demonstrations to train on")
     return finish(cfg, name, stamp, _fit(cfg, name, data, steps=s.steps, batch_size=s.batch_size,
-                                         learning_rate=s.learning_rate, init=base and base["policy"]))
+                                         learning_rate=s.learning_rate, init=base and base["policy"],
+                                         group_by_length=s.group_by_length))
 
 
 def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
