@@ -91,7 +91,7 @@ class PretrainStage:
     SFT step is faster (`benchmarks/bench_sft_batching.py`). Off: with k = 16 for the drills
     and both SFT runs, the SFT policy's pass@1 on the 64 natural validation instances x 2 fell
     from 0.625 to 0.469 (paired -0.156 [-0.250, -0.062]) and on the 32 made-up-name ones x 4
-    from 0.516 to 0.477; one run (README, "Tasks written by hand" for the instances)."""
+    from 0.516 to 0.477; one run (README, "The whole study at the current defaults")."""
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def _fit(cfg: StudyConfig, name: str, data: list[Episode], *, steps: int, batch_
          init: str | None, buckets: tuple[int, ...] = (512, 640, 768, 896, 1024, 1536, 2048),
          group_by_length: int = 0) -> dict:
     """Masked-NLL training of `init` (an HF policy directory; None: a fresh tiny model) on
-    `data` padded to `buckets`, batches grouped by length when `group_by_length` > 0
+    `data` padded to `buckets`, batches grouped by length when `group_by_length` > 1
     (`offline.DataIterator`); exported to `<work_dir>/<name>/policy`."""
     t0 = time.time()
     tok = load_tokenizer()
