@@ -124,3 +124,30 @@ def test_demonstrations_on_made_up_modules_read_and_fix_the_listed_file(sb):
         path = task.metadata["source_file"]
         assert ep.reward == 1.0 and path[:-3] not in TEMPLATES[task.metadata["template"]].modules
         assert text.index(f'"path": "{path}"') > text.index('"list_files"'), text[-800:]
+
+
+def test_word_module_names_split_words_between_training_and_validation(sb, tmp_path):
+    """English-word file names (`drills._word_name`): training draws and validation instances
+    use disjoint halves of the words, never a hand-written task's name, never a bare stdlib
+    module (which the tests' import would shadow); the renamed instances stay sound."""
+    from experiments.binary_search_rl.drills import _HELD_OUT_NAMES, _word_list, module_renamed_tasks
+    from experiments.binary_search_rl.handwritten_tasks import main, validation_with_module_names
+    from jaxrl_agent.env.tasks import generate_tasks
+
+    train, val = set(_word_list("train")), set(_word_list("validation"))
+    assert train and val and not train & val
+    assert {t.metadata["source_file"].rsplit("/", 1)[-1][:-3] for t in TASKS} <= _HELD_OUT_NAMES
+    tasks = module_renamed_tasks(generate_tasks("train", 40, 3), 3, made_up=True, words=0.5)
+    names = [t.metadata["source_file"][:-3] for t in tasks]
+    worded = [n for n in names if n.split("_")[0] in train]
+    assert 10 <= len(worded) <= 30  # about half, the rest syllables
+    assert not set(names) & _HELD_OUT_NAMES and not set(names) & set(sys.stdlib_module_names)
+    assert module_renamed_tasks(generate_tasks("train", 40, 3), 3, made_up=True) == \
+        module_renamed_tasks(generate_tasks("train", 40, 3), 3, made_up=True, words=0.0)  # off: as before
+    held = validation_with_module_names(4, made_up=False, words=True)
+    for t in held:
+        first = t.metadata["source_file"][:-3].split("_")[0]
+        assert first in val and first not in train
+        assert check_task(t, sb) == [], t.task_id
+    main([str(tmp_path / "w.jsonl"), "--word-modules=4"])
+    assert load_tasks(str(tmp_path / "w.jsonl")) == held

@@ -39,6 +39,10 @@ class DemoStage:
     share) was chosen on 32 validation instances x 4 re-made with a made-up file name: the SFT
     policy's pass@1 0.000 at 0 -> 0.516, while the same instances with pool names stay level
     (0.594 -> 0.562) (README, "Tasks written by hand")."""
+    word_modules: float = 0.0
+    """Share of those made-up file names that are English words instead of syllables
+    (`drills._word_name`: standard-library module names joined to another or to a helper
+    suffix, the training half of the words), as a user's files are named."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class PretrainStage:
     so the drills' `read_file` path is a copy of a name never seen before. At 0 the policy
     writes a memorised pool name instead; chosen with `DemoStage.made_up_modules` (README,
     "Tasks written by hand")."""
+    word_modules: float = 0.0
+    """As `DemoStage.word_modules`, for the drills."""
     copy_steps: int = 1000
     """Optimizer steps on synthetic copy sequences (`drills.copy_sequences`) before the drills:
     the content-keyed copy (induction head) the drills need and, alone, never form. 0 skips

@@ -34,7 +34,9 @@ from __future__ import annotations
 import keyword
 import os
 import random
+import sys
 import tempfile
+import zlib
 from dataclasses import replace
 from typing import Sequence
 
@@ -79,6 +81,33 @@ def _made_up(rng: random.Random, taken: set[str]) -> str:
             return word
 
 
+# English-word file names: Python's standard-library module names (offline, real words that a
+# user's code also uses), each joined to a second one or to a helper suffix so that no name
+# shadows the module itself. The words split in two halves by a hash: drills and
+# demonstrations draw from "train", validation instances from "validation". The hand-written
+# tasks' module names are never drawn (they are the held-out check).
+_SUFFIXES = ("utils", "tools", "helpers", "lib", "core", "ops", "funcs", "data")
+_HELD_OUT_NAMES = frozenset({"search_utils", "bisect_tools", "price_book", "timeline", "pagination", "staircase",
+                             "playlist", "budget"})
+
+
+def _word_list(split: str) -> tuple[str, ...]:
+    words = sorted(w for w in sys.stdlib_module_names
+                   if w.isalpha() and w.islower() and 3 <= len(w) <= 10 and not keyword.iskeyword(w))
+    return tuple(w for w in words if (zlib.crc32(w.encode()) % 4 == 0) == (split == "validation"))
+
+
+def _word_name(rng: random.Random, split: str = "train") -> str:
+    """A file name of English words: `word_suffix` or `word_word` (the comment above `_SUFFIXES`)."""
+    words = _word_list(split)
+    while True:
+        first = rng.choice(words)
+        second = rng.choice(_SUFFIXES) if rng.random() < 0.5 else rng.choice(words)
+        name = f"{first}_{second}"
+        if first != second and name not in _HELD_OUT_NAMES:
+            return name
+
+
 def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
     """`tasks` with a `share` of them re-made from their template with made-up identifiers
     and module name (same bugs drawn afresh); deterministic in (seed, index)."""
@@ -95,10 +124,12 @@ def random_name_tasks(tasks: list[Task], share: float, seed: int) -> list[Task]:
     return out
 
 
-def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool, share: float = 1.0) -> list[Task]:
+def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool, share: float = 1.0,
+                         words: float = 0.0, word_split: str = "train") -> list[Task]:
     """Each task (a seeded `share` of them; the others unchanged) re-made from its template
     with its own seeded draws, the module named from a separate stream: a made-up word
-    (`made_up`) or a name from the template's pool. The two lists pair up: same identifiers,
+    (`made_up`; a seeded `words` share of those English words instead, `_word_name` from
+    the `word_split` half) or a name from the template's pool. The two lists pair up: same identifiers,
     bugs and tests, only the file name differs (unless a made-up name collides with an
     identifier and make_instance draws again). Measures whether a policy copies the listed
     file name or writes one it memorised; as training data (`made_up_modules` of the drills
@@ -110,7 +141,12 @@ def module_renamed_tasks(tasks: list[Task], seed: int, *, made_up: bool, share: 
             continue
         tpl = TEMPLATES[task.metadata["template"]]
         name_rng = random.Random(f"module|{seed}|{i}")
-        module = _made_up(name_rng, set()) if made_up else name_rng.choice(tpl.modules)
+        if not made_up:
+            module = name_rng.choice(tpl.modules)
+        elif words and random.Random(f"module-words|{seed}|{i}").random() < words:
+            module = _word_name(name_rng, word_split)
+        else:
+            module = _made_up(name_rng, set())
         out.append(make_instance(tpl, random.Random(f"instance|{seed}|{i}"), split="train", seed=seed, module=module))
     return out
 

@@ -7,8 +7,9 @@ wording. Hidden tests use calls with plain data only (README "Bring your own tas
 `python -m experiments.binary_search_rl.handwritten_tasks [out.jsonl]` writes them (default:
 the shipped jsonl, which `tests/test_handwritten_tasks.py` keeps current). Two variants split
 a failure on them into its causes: `--generator-wording` (the same code, the generator's
-instruction sentence) and `--made-up-modules=N` / `--pool-modules=N` (validation instances of
-the generator's own templates, paired, differing only in the file's name).
+instruction sentence) and `--made-up-modules=N` / `--word-modules=N` / `--pool-modules=N`
+(validation instances of the generator's own templates, paired, differing only in the file's
+name).
 """
 from __future__ import annotations
 
@@ -305,33 +306,34 @@ def in_generator_wording(tasks: list[Task]) -> list[Task]:
     return out
 
 
-def validation_with_module_names(n: int, *, made_up: bool) -> list[Task]:
+def validation_with_module_names(n: int, *, made_up: bool, words: bool = False) -> list[Task]:
     """`n` validation instances of the training templates (the gate's stream, seed 0 + 5555,
-    never a held-out set) re-made with made-up or pool module names
-    (`drills.module_renamed_tasks`): the file-name half of this check on the generator's own
-    code, paired instance by instance."""
+    never a held-out set) re-made with made-up, English-word (`words`: the validation half of
+    `drills._word_name`'s words) or pool module names (`drills.module_renamed_tasks`): the
+    file-name half of this check on the generator's own code, paired instance by instance."""
     from experiments.binary_search_rl.drills import module_renamed_tasks
     from experiments.binary_search_rl.stages import validation_tasks
     from experiments.binary_search_rl.config import StudyConfig
 
-    return module_renamed_tasks(validation_tasks(StudyConfig(), n), 5555, made_up=made_up)
+    return module_renamed_tasks(validation_tasks(StudyConfig(), n), 5555, made_up=made_up or words,
+                                words=1.0 if words else 0.0, word_split="validation")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`[OUT.jsonl] [--generator-wording | --made-up-modules=N | --pool-modules=N]`."""
+    """`[OUT.jsonl] [--generator-wording | --made-up-modules=N | --word-modules=N | --pool-modules=N]`."""
     args = sys.argv[1:] if argv is None else argv
     paths = [a for a in args if not a.startswith("--")]
     path = paths[0] if paths else DEFAULT_PATH
     flags = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "") for a in args if a.startswith("--"))
-    unknown = set(flags) - {"generator-wording", "made-up-modules", "pool-modules"}
+    kinds = {"made-up-modules": "made-up", "word-modules": "English-word", "pool-modules": "pool"}
+    unknown = set(flags) - {"generator-wording", *kinds}
     if unknown or len(flags) > 1:
         raise SystemExit(f"unknown or combined options {sorted(flags)}: use at most one of --generator-wording, "
-                         "--made-up-modules=N, --pool-modules=N")
-    if "made-up-modules" in flags or "pool-modules" in flags:
-        made_up = "made-up-modules" in flags
-        tasks = validation_with_module_names(int(flags["made-up-modules" if made_up else "pool-modules"]),
-                                             made_up=made_up)
-        what = "validation instances, " + ("made-up" if made_up else "pool") + " module names"
+                         "--made-up-modules=N, --word-modules=N, --pool-modules=N")
+    if set(flags) & set(kinds):
+        (flag, n), = flags.items()
+        tasks = validation_with_module_names(int(n), made_up=flag == "made-up-modules", words=flag == "word-modules")
+        what = f"validation instances, {kinds[flag]} module names"
     elif "generator-wording" in flags:
         tasks, what = in_generator_wording(handwritten_tasks()), "hand-written, the generator's wording"
     else:

@@ -83,7 +83,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
         return _load_episodes(path), done
     t0 = time.time()
     tasks = module_renamed_tasks(generate_tasks("train", d.num_tasks, cfg.seed), cfg.seed, made_up=True,
-                                 share=d.made_up_modules)
+                                 share=d.made_up_modules, words=d.word_modules)
     rng = random.Random(cfg.seed)
     by_style: dict[str, list] = {s: [] for s in STYLES}
     for t in tasks:
@@ -180,7 +180,7 @@ def pretrain(cfg: StudyConfig) -> dict | None:
     if done is not None:
         return done
     tasks = random_name_tasks(generate_tasks("train", p.num_tasks, cfg.seed + 100), p.random_names, cfg.seed)
-    tasks = module_renamed_tasks(tasks, cfg.seed + 100, made_up=True, share=p.made_up_modules)
+    tasks = module_renamed_tasks(tasks, cfg.seed + 100, made_up=True, share=p.made_up_modules, words=p.word_modules)
     chat = chat_format(cfg)
     drills = make_drills(tasks, chat, seed=cfg.seed, extra_edits=p.extra_edits, mask_changes=p.mask_changes)
     if p.whole_transcript:
