@@ -42,7 +42,11 @@ class DemoStage:
     word_modules: float = 0.0
     """Share of those made-up file names that are English words instead of syllables
     (`drills._word_name`: standard-library module names joined to another or to a helper
-    suffix, the training half of the words), as a user's files are named."""
+    suffix, the training half of the words), as a user's files are named. At 0.5 for both
+    stages the SFT policy solves 0.180 of 32 validation instances x 4 with English-word names
+    from the other half (0.000 at 0; paired +0.180 [+0.070, +0.297]) and stays level on the
+    made-up-name and natural ones; one run, off until a whole study has run with it (README,
+    "Tasks written by hand")."""
 
 
 @dataclass(frozen=True)
