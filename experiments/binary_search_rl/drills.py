@@ -31,6 +31,7 @@ copy stage"); `copy_sequences` did: the copy forms there, and the drills build o
 """
 from __future__ import annotations
 
+import functools
 import keyword
 import os
 import random
@@ -91,6 +92,7 @@ _HELD_OUT_NAMES = frozenset({"search_utils", "bisect_tools", "price_book", "time
                              "playlist", "budget"})
 
 
+@functools.cache  # one sort per split, not one per name drawn
 def _word_list(split: str) -> tuple[str, ...]:
     words = sorted(w for w in sys.stdlib_module_names
                    if w.isalpha() and w.islower() and 3 <= len(w) <= 10 and not keyword.iskeyword(w))
