@@ -287,6 +287,11 @@ class RLConfig:
     """JSONL task file evaluated instead of `eval_split` / `eval_tasks` (checked the same way)."""
     eval_every: int = 10
     """Evaluate every this many iterations (0: only before and after)."""
+    keep_best: bool = False
+    """Also export, as `<run_dir>/best_policy`, the policy of the evaluation after training
+    began (every `eval_every` and the last) with the best pass@1; ties go to the later one.
+    Early stopping chosen on the evaluation split, so that split must not be a held-out set
+    whose figures are reported; `train_rl`'s result["best"] says which iteration it is."""
     shuffle_rewards: bool = False
     """Control run: permute rewards across the batch's episodes before the update."""
     require_signal: bool = True

@@ -136,7 +136,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     """Run RL from `model`; returns the before/after evaluations and per-iteration metrics.
 
     Writes `<run_dir>/metrics.jsonl` (+ TensorBoard), checkpoints under `<run_dir>/checkpoints`
-    (resumable with `resume=True`), and the final policy as an HF directory `<run_dir>/policy`.
+    (resumable with `resume=True`), and the final policy as an HF directory `<run_dir>/policy`
+    (with `rl.keep_best`, also the best evaluated one as `<run_dir>/best_policy`).
     Ctrl-C saves a checkpoint and returns what was done so far. `on_iteration(it, metrics)`
     is called after each iteration's log line (monitoring, notebooks).
 
@@ -194,24 +195,33 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     state = ts.init_state(model, seed=rl.seed)
     composer = RewardComposer(rewards, _reward_model(rewards, reward_model, traj),
                               gather=(lambda x: np.concatenate(procs.allgather(x))) if procs.count > 1 else None)
-    start = 0
+    start, best = 0, None
     if resume and ckpt.latest_step() is not None:
         start = ckpt.latest_step()  # checkpoints are numbered by iteration (an iteration may skip its update)
         state, meta = ckpt.restore(ts.abstract_state())
         data.restore(meta["data_position"])
         if "reward_norm" in meta["extra"]:
             composer.stats.load_state_dict(meta["extra"]["reward_norm"])
+        best = meta["extra"].get("best")  # the best policy evaluated before the stop (rl.keep_best)
     engine = SamplingEngine(policy_for_engine(ts, state), sampling)
     engine_version = int(state.step)  # the update count of the policy the engine samples from
     log = MetricsLogger(rl.run_dir, enabled=procs.is_main)
     timer = Timer()
-    result: dict = {"iterations": []}
+    result: dict = {"iterations": [], "best": best}
     position = done_position = data.position()  # after this / the last completed iteration's tasks
 
     def save(it: int, data_position: dict) -> None:
         if ckpt.latest_step() != it:  # the periodic save may already hold this iteration
             ckpt.save(it, state, data_position=data_position, config=train,
-                      extra={"rl": rl, "optim": optim, "rewards": rewards, "reward_norm": composer.stats.state_dict()})
+                      extra={"rl": rl, "optim": optim, "rewards": rewards, "reward_norm": composer.stats.state_dict(),
+                             "best": result["best"]})
+
+    def keep_best(it: int, ev: dict) -> None:
+        """Export the policy evaluated at `it` if its pass@1 is the best so far (ties: the later)."""
+        if rl.keep_best and (result["best"] is None or ev["pass1"] >= result["best"]["pass1"]):
+            path = os.path.join(rl.run_dir, "best_policy")
+            export_hf(ts, state, model.config, path, tokenizer=tokenizer, write=procs.is_main)
+            result["best"] = {"iteration": it, "pass1": float(ev["pass1"]), "policy": path}
 
     def rollout_share(tasks, it: int, version: int, progress=None):
         eps, stats = collect_share(procs, tasks, engine, chat, sandbox, rollout, tools,
@@ -301,6 +311,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                                       seed=rl.seed + 11, show_progress=show_progress, description=f"eval @ {it}",
                                       procs=procs)[0]
                     metrics["eval"] = _eval_scalars(ev)
+                    keep_best(it, ev)
                 metrics["time"] = dict(timer.seconds)
                 result["iterations"].append(log.log(it, metrics))
                 if on_iteration is not None:
@@ -311,13 +322,14 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     print(f"iter {it:3d}  reward {r['reward_mean']:.3f}{rm}  mixed groups {r['mixed_group_share']:.2f}"
                           f"  turns {r['mean_turns']:.1f}  loss {metrics.get('train', {}).get('loss', float('nan')):+.4f}"
                           + (f"  held-out pass@1 {metrics['eval']['pass1']:.3f}" if "eval" in metrics else ""))
-                if ckpt.should_save(it):
+                if ckpt.should_save(it) and it != rl.iterations:  # the last: after its evaluation (keep_best)
                     save(it, position)
                 last_done, done_position = it, position
             result["after"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
                                        seed=rl.seed + 11, show_progress=show_progress, description="eval after",
                                        procs=procs)[0]
             log.log(rl.iterations, {"eval_final": _eval_scalars(result["after"])})
+            keep_best(rl.iterations, result["after"])
             save(rl.iterations, position)
             export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer,
                       write=procs.is_main)

@@ -93,6 +93,34 @@ def test_resume_continues_from_checkpoint(sft_model, tok, tmp_path):
     assert int(resumed["state"].step) == 2 and int(first["state"].step) == 1
 
 
+def test_keep_best_exports_the_best_evaluated_policy_and_survives_a_resume(sft_model, tok, tmp_path, monkeypatch):
+    """rl.keep_best: the policy of the best evaluation after training began (ties: the later)
+    is `<run_dir>/best_policy`; a resumed run still knows the best from before its stop."""
+    import jaxrl_agent.rl as rl_mod
+    from jaxrl_agent import hf
+
+    real, scripted = rl_mod.evaluate, {}
+
+    def scored(*a, description="", **k):  # the real evaluation, with the pass@1 this test chooses
+        summary, eps = real(*a, description=description, **k)
+        return ({**summary, "pass1": scripted[description]} if description in scripted else summary), eps
+    monkeypatch.setattr(rl_mod, "evaluate", scored)
+    kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+              tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
+    run_dir = rl_config(tmp_path).run_dir
+    weights = lambda name: jax.tree.leaves(nnx.state(hf.load_pretrained(os.path.join(run_dir, name))[0], nnx.Param))
+    scripted.update({"eval before": 1.0, "eval @ 1": 0.5, "eval @ 2": 0.9, "eval after": 0.9})
+    first = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=3, eval_every=1, keep_best=True), **kw)
+    assert first["best"] == {"iteration": 3, "pass1": 0.9, "policy": os.path.join(run_dir, "best_policy")}
+    for a, b in zip(weights("best_policy"), weights("policy")):  # iteration 3 is the final policy
+        np.testing.assert_array_equal(a, b)
+    scripted.update({"eval after": 0.7})
+    resumed = train_rl(sft_model, tok, rl=rl_config(tmp_path, iterations=4, eval_every=1, keep_best=True),
+                       resume=True, **kw)
+    assert resumed["best"]["iteration"] == 3  # restored from the checkpoint, not beaten by 0.7
+    assert any(not np.array_equal(a, b) for a, b in zip(weights("best_policy"), weights("policy")))
+
+
 def test_no_signal_refuses_to_train(tok, tmp_path):
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=8)

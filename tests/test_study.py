@@ -48,6 +48,11 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     assert "│ <|im_start|>system" in md           # the prompt is masked
     # the control really permuted rewards and both runs logged iteration metrics
     assert summary["training"]["rl"]["train_reward"] and summary["training"]["control"]["train_reward"]
+    # rl.keep_best (on by default): one iteration, so its policy is the best one, exported as such
+    for run in ("rl", "control"):
+        assert summary["training"][run]["selected_iteration"] == 1
+        assert summary["training"][run]["policy"].endswith(os.path.join(run, "best_policy"))
+    assert "Iteration of each RL policy" in (res / "results.md").read_text()
     capsys.readouterr()
     # second invocation: every stage comes from the work dir (no SFT step is printed again)
     assert main(args) == 0

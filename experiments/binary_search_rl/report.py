@@ -318,6 +318,11 @@ def results_markdown(summary: dict) -> str:
                 + ", ".join(f"{k} {v:.2f}" for k, v in g["failure_layer_shares"].items())
                 + ((" -> RL runs." if runs else " -> RL may start; not run (rl.seeds is empty).") if g["rl_starts"]
                    else f" -> no RL: {g['reason']}")]
+    chosen = [f"{label(n, runs)} {summary['training'][n]['selected_iteration']}" for n in runs
+              if summary.get("training", {}).get(n, {}).get("selected_iteration") is not None]
+    if chosen:  # rl.keep_best: early stopping on the validation curve
+        gate += ["", "Iteration of each RL policy (its best validation pass@1 after training began, ties to the "
+                 "later): " + ", ".join(chosen) + "."]
     tg = ["", "| target | met | figure |", "|---|---|---|"]
     for name, t in summary["targets"].items():
         fig = "; ".join(_fmt(k, v) for k, v in t.items() if k != "met")

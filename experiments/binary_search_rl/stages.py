@@ -323,7 +323,7 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
         model, tok,
         rl=RLConfig(algo=algo, iterations=r.iterations, tasks_per_iter=r.tasks_per_iter, train_split="train",
                     num_train_tasks=r.num_train_tasks, eval_samples=1, eval_every=r.eval_every,
-                    shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=seed,
+                    shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=seed, keep_best=r.keep_best,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
         rollout=rollout_config(cfg, group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
         # group baselines need the whole batch: computed once before the mini-batch split
@@ -352,9 +352,11 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
     curve.append({"iteration": r.iterations, "validation_pass1": res["after"]["pass1"]})
     invariants = {"verifier_check": res.get("verifier_check"), "repeatable": res.get("repeatable"),
                   "probe": res.get("probe")}
-    return finish(cfg, name, stamp, {"policy": os.path.join(run_dir, "policy"), "train_reward": train_reward,
-                                     "validation_curve": curve, "invariants": invariants,
-                                     "seconds": time.time() - t0})
+    best = res.get("best") if r.keep_best else None  # early stopping on the validation curve
+    return finish(cfg, name, stamp, {"policy": best["policy"] if best else os.path.join(run_dir, "policy"),
+                                     "selected_iteration": best["iteration"] if best else r.iterations,
+                                     "train_reward": train_reward, "validation_curve": curve,
+                                     "invariants": invariants, "seconds": time.time() - t0})
 
 
 # ---- 4. evaluation ----
