@@ -260,7 +260,7 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
     parts = edit_parts(call, tok.decode, files)
     text = lambda part: "".join(tok.decode([t]) for t, p in zip(call, parts) if p == part)
     assert text("lines") == "1010" and text("fix").strip() == "+ 1"
-    assert text("copy").strip() == "low = mid" and "replace_lines" in text("other")
+    assert text("copy").strip() == "low = mid" and text("tool") == "replace_lines" and path in text("other")
     assert edit_parts(tok.encode(format_tool_call("submit", {})), tok.decode, files) is None
     assert edit_parts(call, tok.decode, {}) is None  # a file the task does not have
 
@@ -284,6 +284,14 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
     assert bad["fix"]["turns_all_right"] == 0.0 and bad["fix"]["token_accuracy"] == pytest.approx(1 - 1 / bad["fix"]["tokens"])
     assert bad["copy"]["turns_all_right"] == bad["lines"]["turns_all_right"] == 1.0
     assert bad["fix"]["first_error_at"] == [1, 0, 0, 0] and good["fix"]["first_error_at"] == [0, 0, 0, 0]
+    first = lambda wrong_at: turn_accuracy([ep], predict(wrong_at), tok.decode, max_len=128,
+                                           files=[files])["edit_first_wrong"]
+    assert first(None) == {"turns": 0, "by_part": {}, "tool_wanted": {}}
+    assert first(first_fix) == {"turns": 1, "by_part": {"fix": 1}, "tool_wanted": {}}
+    # a wrong token in the tool's name: the edit turn fails on a decision, and says what it wanted
+    at_tool = len(head) + parts.index("tool")
+    instead = tok.decode([(ids[at_tool] + 1) % tok.vocab_size])
+    assert first(at_tool) == {"turns": 1, "by_part": {"tool": 1}, "tool_wanted": {instead.strip() or repr(instead): 1}}
     assert "edit_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
 
 

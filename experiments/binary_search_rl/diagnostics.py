@@ -74,11 +74,16 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
       "token_accuracy", "turns_all_right", "first_error_at"}} for the parts of `EDIT_PARTS` the
       edits hold; "first_error_at" counts the wrong parts by the index of their first wrong
       token (0, 1, 2, 3 or later): an address wrong at its first token is a wrong line chosen,
-      not a miscopied one.
+      not a miscopied one; and "edit_first_wrong": over the edit turns not reproduced, the part
+      of each one's first wrong token ("by_part": past it, a sampled turn would already have
+      left the expert's) and, where that is the tool's name, the text the policy's argmax
+      wanted there instead ("tool_wanted": e.g. "run" for run_tests, a decision, not an edit).
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # the same per part of an edit turn
     first_error: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    first_wrong: dict[str, int] = defaultdict(int)  # failed edit turns by the part of their first wrong token
+    wanted: dict[str, int] = defaultdict(int)  # ... and what the argmax wanted where that was the tool name
     for start in range(0, len(episodes), 8):
         batch = episodes[start:start + 8]
         ids = np.zeros((len(batch), max_len), np.int32)
@@ -96,6 +101,12 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
                     c = counts[key]
                     c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(right), c[2] + len(right), c[3] + sum(right)
                 kinds = edit_parts([e.ids[p] for p in pos], decode, files[start + b]) if files else None
+                if kinds and not all(right):
+                    at = right.index(False)
+                    first_wrong[kinds[at]] += 1
+                    if kinds[at] == "tool":
+                        instead = decode([int(pred[b, pos[at] - 1])])
+                        wanted[instead.strip() or repr(instead)] += 1
                 for part in EDIT_PARTS if kinds else ():
                     mine = [r for r, k in zip(right, kinds) if k == part]
                     if mine:
@@ -109,6 +120,8 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
         out["edit_parts"] = {k: {"turns": c[0], "tokens": c[2], "token_accuracy": c[3] / c[2],
                                  "turns_all_right": c[1] / c[0], "first_error_at": first_error[k]}
                              for k, c in parts.items()}
+        out["edit_first_wrong"] = {"turns": sum(first_wrong.values()), "by_part": dict(first_wrong),
+                                   "tool_wanted": dict(wanted)}
     return out
 
 
@@ -163,11 +176,21 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
     edits = {n: p["edit_parts"] for n, p in diag["per_policy"].items() if p.get("edit_parts")}
     if edits:
         shown = [k for k in EDIT_PARTS if any(k in p for p in edits.values())]
-        heads = {"lines": "line numbers", "old": "`old` (the lines copied to address the edit)",
-                 "copy": "text copied from the file", "fix": "the fix"}
+        heads = {"tool": "tool name", "lines": "line numbers", "old": "`old` (the lines copied to address the edit)",
+                 "copy": "text copied from the file", "fix": "the fix", "other": "path, JSON, end"}
         rows += ["", "| edit turns by part: all of the part right (token accuracy) | "
                  + " | ".join(heads[k] for k in shown) + " |", "|---" * (len(shown) + 1) + "|"]
         for name, p in edits.items():
             rows.append(f"| {labels.get(name, name)} | " + " | ".join(
                 f"{p[k]['turns_all_right']:.2f} ({p[k]['token_accuracy']:.3f})" if k in p else "-" for k in shown) + " |")
+        wrong = {n: p["edit_first_wrong"] for n, p in diag["per_policy"].items() if p.get("edit_first_wrong")}
+        if wrong:
+            shown = [k for k in EDIT_PARTS if k in shown or any(k in w["by_part"] for w in wrong.values())]
+            rows += ["", "| edit turns not reproduced: the part of the first wrong token | turns | "
+                     + " | ".join(heads[k] for k in shown) + " | the argmax at a wrong tool name |",
+                     "|---" * (len(shown) + 3) + "|"]
+            for name, w in wrong.items():
+                instead = ", ".join(f"{t} {c}" for t, c in sorted(w["tool_wanted"].items(), key=lambda x: -x[1])) or "-"
+                rows.append(f"| {labels.get(name, name)} | {w['turns']} | "
+                            + " | ".join(str(w["by_part"].get(k, 0)) for k in shown) + f" | {instead} |")
     return "\n".join(rows) + "\n"

@@ -14,7 +14,11 @@ import re
 
 import numpy as np
 
-EDIT_PARTS = ("lines", "old", "copy", "fix")
+EDIT_PARTS = ("tool", "lines", "old", "copy", "fix", "other")
+"""What a token of an edit call can write (`edit_parts`), in the order the report shows them."""
+
+
+_KINDS = ("other", "lines", "old", "copy", "fix", "tool")  # by the codes of `edit_parts`' character map
 
 
 def policy_turns(loss_mask, turn_id) -> list[list[int]]:
@@ -36,11 +40,12 @@ def _call_span(text: str, key: str, value: str) -> tuple[int, str]:
 
 def edit_parts(ids: list[int], decode, files: dict[str, str]) -> list[str] | None:
     """What each token of one edit turn writes, so a wrong edit says which part went wrong:
+    - "tool": the tool's name (choosing to edit now rather than, say, run the tests: a decision);
     - "lines": `replace_lines`' start / end numbers (its address in the file);
     - "old": `str_replace`'s `old` text (its address: a copy of the line(s) to change);
     - "copy": text of the new lines that the replaced lines already hold (a copy from the file);
     - "fix": text the edit adds or changes;
-    - "other": tool name, path, JSON, stop token.
+    - "other": path, JSON, stop token.
 
     Characters are compared in the call's own JSON-escaped form (difflib over the old and new
     lines); a token touching a changed character is "fix". None when `ids` is not one
@@ -65,7 +70,10 @@ def edit_parts(ids: list[int], decode, files: dict[str, str]) -> list[str] | Non
     at, raw_new = _call_span(text, key, new)
     if at < 0:
         return None
-    kind = np.zeros(len(text), np.int8)  # 0 other, 1 lines, 2 old, 3 copy, 4 fix
+    kind = np.zeros(len(text), np.int8)  # 0 other, 1 lines, 2 old, 3 copy, 4 fix, 5 tool
+    at_name, raw_name = _call_span(text, "name", name)
+    if at_name >= 0:
+        kind[at_name:at_name + len(raw_name)] = 5
     if name == "str_replace":
         at_old, raw_old = _call_span(text, "old", old)
         if at_old < 0:
@@ -82,6 +90,6 @@ def edit_parts(ids: list[int], decode, files: dict[str, str]) -> list[str] | Non
     for i in range(len(ids)):
         cut = max(prev, len(decode(ids[: i + 1])))
         span = kind[prev:cut]
-        out.append((("other",) + EDIT_PARTS)[int(span.max())] if span.size else "other")
+        out.append(_KINDS[int(span.max())] if span.size else "other")
         prev = cut
     return out
