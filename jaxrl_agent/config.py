@@ -304,6 +304,11 @@ class RLConfig:
     """Checkpoint every this many iterations (and at the end / on Ctrl-C)."""
     sandbox_workers: int = 2
     """Sandbox worker processes for run_tests and the verifier (per process of a multi-host job)."""
+    sandbox_memo: bool = True
+    """Identical sandbox calls (the same workspace bytes, command and limits) share one
+    execution (`env.sandbox_memo`): in an RL batch most `run_tests` and verifier calls repeat
+    one another (a group's episodes test the same untouched code and end with the same fix).
+    False for tasks whose tests depend on chance or the clock, to draw them anew each call."""
     max_staleness: int = 0
     """0: synchronous (each iteration's rollouts use the policy its update starts from). 1:
     one-step-off-policy: the next iteration's rollouts run on the previous policy while the

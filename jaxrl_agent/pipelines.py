@@ -20,6 +20,7 @@ from jaxrl_agent import hf
 from jaxrl_agent.config import (OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig, TrainConfig,
                                 TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.model import CausalLM, ModelConfig
@@ -136,6 +137,8 @@ class EvalConfig:
     `num_tasks`; every task is checked in the sandbox first (`verifier.check_task`)."""
     out: str = "runs/eval.json"
     """Where the JSON summary goes."""
+    sandbox_memo: bool = True
+    """Identical sandbox calls share one execution (as `rl.sandbox_memo`)."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,7 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
         log.flush()
 
     try:
-        with Sandbox(num_workers=2) as sandbox:
+        with Sandbox(num_workers=2, memo_entries=MEMO_ENTRIES if cfg.eval.sandbox_memo else 0) as sandbox:
             summary, _ = evaluate(eval_tasks_for(cfg.eval, sandbox), engine, chat, sandbox, cfg.rollout, cfg.tools,
                                   cfg.eval.samples, seed=cfg.eval.seed, show_progress=show_progress, on_episode=record,
                                   procs=procs)

@@ -41,6 +41,7 @@ from jaxrl_agent.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig,
                                 SamplingConfig, TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
 from jaxrl_agent.env.verifier import load_checked_tasks, verify
@@ -231,7 +232,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     last_done = start
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jxa-rollout") if rl.max_staleness else None
     ahead = None  # (the next iteration's data position, the Future of its rollout) one step off
-    with Sandbox(num_workers=rl.sandbox_workers) as sandbox:
+    with Sandbox(num_workers=rl.sandbox_workers, memo_entries=MEMO_ENTRIES if rl.sandbox_memo else 0) as sandbox:
         try:
             # ---- before training: is RL worth running? ----
             if start == 0:
@@ -313,6 +314,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     metrics["eval"] = _eval_scalars(ev)
                     keep_best(it, ev)
                 metrics["time"] = dict(timer.seconds)
+                if sandbox.memo is not None:  # so far in this run: calls executed / answered by an identical one
+                    metrics["sandbox"] = {"calls_run": sandbox.memo.runs, "calls_shared": sandbox.memo.hits}
                 result["iterations"].append(log.log(it, metrics))
                 if on_iteration is not None:
                     on_iteration(it, result["iterations"][-1])

@@ -57,6 +57,9 @@ def test_grpo_learns_the_rewarded_call(sft_model, tok, tmp_path):
     run_dir = rl_config(tmp_path).run_dir
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     assert any("train/loss" in x for x in lines) and os.path.exists(os.path.join(run_dir, "policy"))
+    # a group's episodes verify the same untouched code: one execution serves them (rl.sandbox_memo)
+    last = res["iterations"][-1]
+    assert last["sandbox/calls_shared"] > 0 and last["sandbox/calls_run"] > 0
 
 
 @pytest.mark.parametrize("algo", ["dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"])

@@ -24,6 +24,7 @@ import time
 from jaxrl_agent.cli import apply_overrides
 from jaxrl_agent.compile_cache import enable as enable_compile_cache
 from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.tokenizer import load_tokenizer
 
@@ -65,7 +66,8 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
     t0 = time.time()
     done = {"sft": given_sft(cfg.sft_from)} if cfg.sft_from else stages.sft_policies(cfg, success_only=False)
     runs = report.run_names(cfg.rl.seeds, cfg.rl.second_algo)
-    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:  # the gate's verdict comes first
+    # the gate's verdict comes first
+    with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         done["gate"] = stages.gate(cfg, done["sft"], sandbox)
     if not cfg.sft_from:
         done = stages.sft_policies(cfg) | {"gate": done["gate"]}  # cached stages, plus the baseline
@@ -74,7 +76,7 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
             done[name] = stages.rl(cfg, name, done["sft"], shuffle_rewards=shuffle, algo=algo, seed=seed)
     policies = [p for p in ("sft", "sft_success_only", *runs) if p in done and done[p]["policy"] is not None]
     evals = {}
-    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+    with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         for pol in policies:  # a run missing here did not start (gate or no signal): the summary says why
             evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox,
                                                 passk=pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo))

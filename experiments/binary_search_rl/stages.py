@@ -22,6 +22,7 @@ from jaxrl_agent.demonstrations import collect_demonstrations
 from jaxrl_agent.env import expert
 from jaxrl_agent.env.expert import STYLES
 from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.model import CausalLM
@@ -217,7 +218,7 @@ def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
     """Stages 1-2 (each reused when cached): demonstrations, edit drills, SFT on all demos and,
     with `success_only`, SFT on the successful demos. Returns the stage results by name."""
     done: dict = {}
-    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+    with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         demos, done["demos"] = demonstrations(cfg, sandbox)
         print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
               flush=True)

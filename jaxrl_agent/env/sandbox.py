@@ -78,6 +78,8 @@ import weakref
 from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 
+from jaxrl_agent.env.sandbox_memo import CallMemo
+
 # ---- config and result ----
 
 
@@ -110,6 +112,9 @@ class SandboxConfig:
     isolation: str = "auto"
     """"auto" (best available), "namespaces", "uid" or "basic"; a forced level that the
     machine cannot provide makes the pool fail to start with a clear error."""
+    memo_entries: int = 0
+    """Identical calls (the same workspace bytes, command and limits) share one execution,
+    up to this many clean results kept (`sandbox_memo.CallMemo`); 0: every call runs."""
 
 
 @dataclass
@@ -227,6 +232,9 @@ class Sandbox:
                              "memory_mb >= 64")
         if cfg.isolation not in ("auto", "namespaces", "uid", "basic"):
             raise ValueError(f"Sandbox: unknown isolation {cfg.isolation!r}")
+        if cfg.memo_entries < 0:
+            raise ValueError(f"Sandbox: memo_entries must be >= 0 (0: off), got {cfg.memo_entries}")
+        self.memo = CallMemo(cfg.memo_entries) if cfg.memo_entries else None
         self._slot_lock = None
         if os.geteuid() == 0:
             slot, self._slot_lock = _claim_slot()
@@ -273,7 +281,7 @@ class Sandbox:
         req = dict(workspace=os.path.abspath(workspace_dir), argv=[str(a) for a in argv],
                    timeout_s=timeout, memory_files=dict(memory_files or {}),
                    test_timeout_s=test_timeout_s)
-        return self._call(req, timeout)
+        return self._request(req, timeout)
 
     def judge(self, workspace_dir: str | os.PathLike, pytest_args: list[str],
               test_sources: dict[str, str], modules: list[str], timeout_s: float | None = None,
@@ -298,7 +306,14 @@ class Sandbox:
                    timeout_s=timeout, memory_files=dict(test_sources),
                    test_timeout_s=test_timeout_s,
                    judge={"modules": sorted(modules), "call_wall_s": wall})
-        return self._call(req, timeout)
+        return self._request(req, timeout)
+
+    def _request(self, req: dict, timeout: float) -> RunResult:
+        """One call, or a copy of an identical one's result (`memo_entries`)."""
+        if self.memo is None:
+            return self._call(req, timeout)
+        return self.memo.call(CallMemo.key(req["workspace"], req), lambda: self._call(req, timeout),
+                              wait_s=timeout + _GRACE_S)
 
     def _call(self, req: dict, timeout: float) -> RunResult:
         handle = self._idle.get()
