@@ -540,3 +540,10 @@ def test_sft_and_drill_stages_hand_their_group_by_length_to_run_sft(tmp_path, mo
     with pytest.raises(Stop):
         stages.pretrain(cfg)
     assert seen == [5, 3]
+
+
+def test_diagnostics_command_names_its_expected_arguments():
+    from experiments.binary_search_rl.diagnostics import main as diagnose
+
+    with pytest.raises(SystemExit):
+        diagnose(["experiments/binary_search_rl/results/policies/sft"])  # no name=

@@ -194,3 +194,29 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
                 rows.append(f"| {labels.get(name, name)} | {w['turns']} | "
                             + " | ".join(str(w["by_part"].get(k, 0)) for k in shown) + f" | {instead} |")
     return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m experiments.binary_search_rl.diagnostics NAME=POLICY_DIR ... [--work_dir=DIR]`:
+    the teacher-forced table of the given policies, on the study's held-out expert episodes."""
+    import argparse
+    from dataclasses import replace
+
+    from jaxrl_agent.env.sandbox import Sandbox
+
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("policies", nargs="+", help="name=policy_dir")
+    p.add_argument("--work_dir", default="runs/diagnose", help="where the result is cached (<work_dir>/diagnose)")
+    args = p.parse_args(argv)
+    bad = [x for x in args.policies if "=" not in x]
+    if bad:
+        p.error(f"expected name=policy_dir, got {bad}")
+    cfg = replace(StudyConfig(), work_dir=args.work_dir)
+    with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
+        diag = teacher_forced(cfg, dict(x.split("=", 1) for x in args.policies), sandbox)
+    print(diagnostics_markdown(diag, {}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
