@@ -314,8 +314,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     metrics["eval"] = _eval_scalars(ev)
                     keep_best(it, ev)
                 metrics["time"] = dict(timer.seconds)
-                if sandbox.memo is not None:  # so far in this run: calls executed / answered by an identical one
-                    metrics["sandbox"] = {"calls_run": sandbox.memo.runs, "calls_shared": sandbox.memo.hits}
+                if sandbox.memo is not None:  # so far, all processes: calls executed / answered by an identical one
+                    metrics["sandbox"] = procs.sum({"calls_run": sandbox.memo.runs, "calls_shared": sandbox.memo.hits})
                 result["iterations"].append(log.log(it, metrics))
                 if on_iteration is not None:
                     on_iteration(it, result["iterations"][-1])
