@@ -13,6 +13,15 @@ ready (what TRL's own tool loop does). `rollout_func` hands TRL the episodes wit
 log-probs, `env_mask` (observation tokens 0) and the verifier's reward. The update is the
 single-turn benchmark's: token-mean GRPO, clip 0.2, AdamW, no KL, float32
 (`bench_vs_trl.py`, whose interleaving and thread settings this reuses).
+
+`--settings` picks the episode loop's settings, the same for both sides:
+- `default`: the library defaults (`ToolConfig()`: 0.5 s CPU per test; `RolloutConfig()`: the
+  verifier's 1 s per test; every sandbox call run);
+- `study`: the RL loop as the study runs it (0.05 s per test for the tools and the verifier,
+  identical sandbox calls sharing one execution, `Sandbox(memo_entries=...)`). Each side has
+  its own sandbox, so neither side's memo answers the other's calls; -> `vs_trl_agent_study.json`.
+The tools and the verifier are the same for both sides, so what they cost is a shared floor
+under both times: the `study` settings lower that floor, the engines' difference stays.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ sys.path.insert(0, HERE)
 import bench_vs_trl as single  # noqa: E402
 
 MAX_TOTAL = 1024
+STUDY_TEST_LIMIT_S = 0.05  # experiments/binary_search_rl/config.py, StudyConfig.test_timeout_s
 
 
 class TorchTurn:
@@ -105,31 +115,36 @@ class TorchEngine:
 
 
 class Agent:
-    """The shared pieces: tasks, chat format, sandbox, and one `collect_episodes` call."""
+    """The shared pieces: tasks, chat format, the loop's settings, and one `collect_episodes`
+    call (in the calling side's own sandbox)."""
 
-    def __init__(self, policy: str, tasks: int, sandbox):
+    def __init__(self, policy: str, tasks: int, settings: str = "default"):
+        from jaxrl_agent.config import RolloutConfig
         from jaxrl_agent.env.tasks import generate_tasks
+        from jaxrl_agent.env.tools import ToolConfig
         from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 
         self.tok = load_tokenizer(policy)
         self.chat = ChatFormat(self.tok, tool_style="short")
         self.tasks = generate_tasks("train", tasks, seed=0)
-        self.sandbox = sandbox
         self.prompts, _ = single.task_prompts(self.tok, tasks)
         self.by_prompt = dict(zip(self.prompts, self.tasks))
+        study = settings == "study"
+        self.tool_cfg = ToolConfig(test_timeout_s=STUDY_TEST_LIMIT_S) if study else ToolConfig()
+        self.rollout_cfg = RolloutConfig(max_total_tokens=MAX_TOTAL,
+                                         **({"verify_test_timeout_s": STUDY_TEST_LIMIT_S} if study else {}))
 
-    def rollout(self, tasks, engine, group: int, seed: int):
-        from jaxrl_agent.config import RolloutConfig
+    def rollout(self, tasks, engine, sandbox, group: int, seed: int):
         from jaxrl_agent.rollout import collect_episodes
 
-        return collect_episodes(tasks, engine, self.chat, self.sandbox,
-                                RolloutConfig(group_size=group, max_total_tokens=MAX_TOTAL), seed=seed)
+        return collect_episodes(tasks, engine, self.chat, sandbox, replace(self.rollout_cfg, group_size=group),
+                                self.tool_cfg, seed=seed)
 
 
 class OursAgent:
     """Our multi-turn iteration: G episodes per task on the engine, collate, one update."""
 
-    def __init__(self, agent: Agent, args):
+    def __init__(self, agent: Agent, args, sandbox):
         from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig, TrajectoryConfig
         from jaxrl_agent.loss_registry import LOSSES
         from jaxrl_agent.pipelines import agent_sampling, load_policy
@@ -137,7 +152,7 @@ class OursAgent:
         from jaxrl_agent.sampling_engine import SamplingEngine
         from jaxrl_agent.train_step import make_optimizer, make_train_step
 
-        self.agent, self.group = agent, args.group
+        self.agent, self.group, self.sandbox = agent, args.group, sandbox
         model, tok = load_policy(args.policy)
         self.ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=args.lr)),
                                   TrainConfig(loss=LossConfig(agg="token-mean", kl_coef=0.0)), model)
@@ -163,7 +178,8 @@ class OursAgent:
         from jaxrl_agent.trajectory import collate
 
         t0 = time.perf_counter()
-        eps, _ = self.agent.rollout(self.agent.tasks, self.engine, self.group, seed=1000 * self.iteration)
+        eps, _ = self.agent.rollout(self.agent.tasks, self.engine, self.sandbox, self.group,
+                                    seed=1000 * self.iteration)
         t1 = time.perf_counter()
         self.state, metrics = self.ts(self.state, collate(eps, self.traj)[0])
         self._refresh()
@@ -180,7 +196,7 @@ def _row(eps, s: float, gen_s: float, update_s: float) -> dict:
             "turns": float(np.mean([max(e.turn_id) + 1 for e in eps]))}
 
 
-def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent) -> dict:
+def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent, sandbox) -> dict:
     """`GRPOTrainer.train()` with a `rollout_func` running our episode loop on `TorchEngine`;
     one of our iterations after each of its steps."""
     import torch
@@ -202,7 +218,7 @@ def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent) -> dict:
         g0 = time.perf_counter()
         engine = TorchEngine(trainer.model, sampling, hf_tok.pad_token_id)
         trainer.model.eval()
-        eps, _ = agent.rollout([agent.by_prompt[p] for p in prompts], engine, 1, seed=10_000 + len(rows))
+        eps, _ = agent.rollout([agent.by_prompt[p] for p in prompts], engine, sandbox, 1, seed=10_000 + len(rows))
         trainer.model.train()
         gen["s"], gen["eps"] = time.perf_counter() - g0, eps
         cut = [len(agent.chat.tokenizer.encode(p)) for p in prompts]
@@ -249,19 +265,25 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iterations", type=int, default=2, help="timed iterations per TRL pass (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", default="default,1")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "vs_trl_agent.json"))
+    ap.add_argument("--settings", choices=("default", "study"), default="default",
+                    help="the episode loop's settings, the same for both sides (module docstring)")
+    ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_study].json")
     args = ap.parse_args(argv)
+    args.out = args.out or os.path.join(HERE, "results",
+                                        "vs_trl_agent.json" if args.settings == "default" else "vs_trl_agent_study.json")
     import torch
 
     from jaxrl_agent.env.sandbox import Sandbox
+    from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 
-    with Sandbox(num_workers=2) as sandbox:
-        agent = Agent(args.policy, args.tasks, sandbox)
+    memo = MEMO_ENTRIES if args.settings == "study" else 0
+    with Sandbox(num_workers=2, memo_entries=memo) as ours_box, Sandbox(num_workers=2, memo_entries=memo) as trl_box:
+        agent = Agent(args.policy, args.tasks, args.settings)
         t0 = time.perf_counter()
-        ours = OursAgent(agent, args)
+        ours = OursAgent(agent, args, ours_box)
         ours.step()
         first = time.perf_counter() - t0
-        passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours)
+        passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours, trl_box)
                   for th in args.threads.split(",")]
     return single.report({"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first},
                          passes, args.out)

@@ -28,7 +28,8 @@ def test_tiny_iteration_side_by_side(tmp_path):
 @pytest.mark.slow
 def test_tiny_agent_iteration_side_by_side(tmp_path):
     """The multi-turn workload: TRL's `rollout_func` runs our episode loop (tools, sandbox,
-    verifier) on `TorchEngine`; both sides return whole episodes with their figures."""
+    verifier) on `TorchEngine`; both sides return whole episodes with their figures. At the
+    study's settings: each side's own memoised sandbox, the 0.05 s test limit."""
     import sys
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -36,7 +37,9 @@ def test_tiny_agent_iteration_side_by_side(tmp_path):
                                                   os.path.join(ROOT, "benchmarks", "bench_vs_trl_agent.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    res = bench.main(["--tasks=1", "--group=2", "--iterations=1", "--threads=1", f"--out={tmp_path / 'a.json'}"])
+    res = bench.main(["--tasks=1", "--group=2", "--iterations=1", "--threads=1", "--settings=study",
+                      f"--out={tmp_path / 'a.json'}"])
+    assert res["config"]["settings"] == "study"
     rows = res["passes"][0]["rows"]
     assert len(rows) == 2
     for r in rows:
