@@ -214,6 +214,7 @@ def generate(
     stop_ids: jax.Array,
     *,
     config: SamplingConfig,
+    skip_empty_windows: bool = True,
 ) -> tuple[TurnOutput, KVCache, jax.Array]:
     """Sample one turn for every active row with a `lax.while_loop` over decode steps.
 
@@ -235,6 +236,9 @@ def generate(
       max_new: int32 `[B]` per-row token budget, at most N.
       stop_ids: int32 `[B, M]` per-row stop sets, padded with -1.
       config: sampling settings (static).
+      skip_empty_windows: skip a window no live row fits in (its loop would run no step);
+        False copies every window in and out, the former loop (kept for
+        benchmarks/bench_decode_windows.py).
     Returns:
       (TurnOutput with `[B, N]` tokens and log-probs, the new cache, the new logits `[B, V]`).
     """
@@ -268,16 +272,27 @@ def generate(
         jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool),
         jnp.full((b, n), PAD_ID, jnp.int32), jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.float32),
     )
+
+    def windowed_loop(carry, window):
+        full = carry[1]
+        carry = (carry[0], kv_cache.window(full, window), *carry[2:])
+        carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
+        return (carry[0], kv_cache.put_window(full, carry[1]), *carry[2:])
+
     carry = init
     # One loop per window, narrowest first: each runs until a live row outgrows its window (or
     # the turn ends), then the next, wider one carries on; the last covers the whole cache.
     # A loop carries only its window's slots (`kv_cache.window`, one copy in and one out per
-    # window and turn), so no step slices the full cache (benchmarks/profile_decode.py).
+    # window and turn), so no step slices the full cache (benchmarks/profile_decode.py). A
+    # window no live row fits in (late in an episode) is skipped, copies included: its loop
+    # would run no step, and the copy out would only write back what the copy in read.
     for window in decode_windows(cache.capacity, config.decode_window):
-        full = carry[1]
-        carry = (carry[0], kv_cache.window(full, window), *carry[2:])
-        carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
-        carry = (carry[0], kv_cache.put_window(full, carry[1]), *carry[2:])
+        if window >= cache.capacity:  # the whole cache: no copy to skip
+            carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
+        elif not skip_empty_windows:
+            carry = windowed_loop(carry, window)
+        else:
+            carry = jax.lax.cond(cond(carry, window), partial(windowed_loop, window=window), lambda c: c, carry)
     _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = carry
     out = TurnOutput(tokens=out_tok, logp=out_lp, sample_logp=out_slp, num_new=num_new, stopped=stopped)
     return out, cache, logits

@@ -184,6 +184,32 @@ def test_decode_windows_change_no_token(model, eng):
             np.testing.assert_allclose(slp0, slp1, atol=1e-5)
 
 
+def test_skipping_windows_no_row_fits_changes_nothing(model):
+    """The decode loop skips a window no live row fits in (late in an episode); the sampled
+    tokens, log-probs, cache and logits equal the former loop's, which copied each such window
+    in and out and ran no step in it. Rows past W (that window skipped from the start), and
+    short rows that outgrow W mid-turn (a window runs, the next takes over, the rest skip)."""
+    from functools import partial
+
+    from jaxrl_agent.sampling import generate
+
+    graphdef, state = nnx.split(model)
+    loops = {skip: jax.jit(partial(generate, config=SAMPLE, skip_empty_windows=skip)) for skip in (True, False)}
+    for lengths in ((20, 30, 3, 25), (3, 5, 8, 2)):
+        engine = SamplingEngine(model, SAMPLE)
+        for b, n in enumerate(lengths):
+            engine.start_episode(b, _prompt(400 + b, n), seed=b)
+        engine.flush()
+        outs = {}
+        for skip, fn in loops.items():
+            outs[skip] = jax.device_get(fn(nnx.merge(graphdef, state), jax.tree.map(jnp.copy, engine.cache),
+                                           jnp.copy(engine.logits), engine._base_seed, engine._seeds.copy(),
+                                           np.ones(4, bool), np.full(4, 10, np.int32), engine._stop.copy()))
+        assert outs[True][0].num_new.max() > 0
+        for x, y in zip(jax.tree.leaves(outs[True]), jax.tree.leaves(outs[False])):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_turns_split_over_advance_calls_change_no_token(eng):
     """A turn decoded 3 steps per `advance` call, rows ending their turns at different calls
     (and one at the end of its cache), holds exactly the ids, log-probs and finish reasons of
