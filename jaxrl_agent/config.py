@@ -287,6 +287,12 @@ class RLConfig:
     """JSONL task file evaluated instead of `eval_split` / `eval_tasks` (checked the same way)."""
     eval_every: int = 10
     """Evaluate every this many iterations (0: only before and after)."""
+    before_eval: str = "start"
+    """When the held-out evaluation of the starting policy (result["before"]) runs: "start",
+    before the first iteration (verl's val_before_train), or "end", after the last one, on the
+    starting params the run keeps (one more copy of the engine's params): the same episodes
+    and figures, and the first iteration comes one evaluation sooner. A run that stops for
+    want of signal (`NoSignalError`) evaluates it before it stops either way."""
     keep_best: bool = False
     """Also export, as `<run_dir>/best_policy`, the policy of the evaluation after training
     began (every `eval_every` and the last) with the best pass@1; ties go to the later one.

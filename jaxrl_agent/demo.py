@@ -41,6 +41,9 @@ class DemoConfig:
     """Optimizer updates per rollout batch."""
     kl_coef: float = 0.1
     """k3 KL penalty to the start policy."""
+    before_eval: str = "end"
+    """When the starting policy's held-out evaluation runs (`rl.before_eval`): "end" (after
+    training, the same figures) so the first iteration is not kept waiting, or "start"."""
     run_dir: str = "runs/demo"
     """Metrics, checkpoints and the trained policy."""
     seed: int = 0
@@ -59,7 +62,8 @@ def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
     return train_rl(
         model, tok,
         rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
-                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=512),
+                    eval_samples=d.eval_samples, eval_every=0, seed=d.seed, run_dir=d.run_dir, num_train_tasks=512,
+                    before_eval=d.before_eval),
         rollout=RolloutConfig(group_size=d.group_size),
         sampling=agent_sampling(),
         # group advantages need the whole batch: computed once, before the mini-batch split

@@ -168,6 +168,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     if not 1 <= rl.tasks_per_iter <= len(train_tasks):
         raise ValueError(f"rl.tasks_per_iter={rl.tasks_per_iter} must be in [1, {len(train_tasks)}], the number of "
                          f"training tasks{f' in {rl.train_file}' if rl.train_file else ''}")
+    if rl.before_eval not in ("start", "end"):
+        raise ValueError(f"rl.before_eval={rl.before_eval!r}: \"start\" (before the first iteration) or \"end\" "
+                         "(after the last, on the kept starting params)")
     if rl.max_staleness not in (0, 1):
         raise ValueError(f"rl.max_staleness={rl.max_staleness}: 0 (synchronous) and 1 (one-step-off-policy) "
                          "are supported")
@@ -224,10 +227,24 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             export_hf(ts, state, model.config, path, tokenizer=tokenizer, write=procs.is_main)
             result["best"] = {"iteration": it, "pass1": float(ev["pass1"]), "policy": path}
 
+    def rollout_seed(it: int) -> int:
+        return rl.seed * 1_000_003 + it * 10_007
+
     def rollout_share(tasks, it: int, version: int, progress=None):
-        eps, stats = collect_share(procs, tasks, engine, chat, sandbox, rollout, tools,
-                                   seed=rl.seed * 1_000_003 + it * 10_007, progress=progress)
+        eps, stats = collect_share(procs, tasks, engine, chat, sandbox, rollout, tools, seed=rollout_seed(it),
+                                   progress=progress)
         return [replace(e, info={**e.info, "policy_version": version}) for e in eps], stats
+
+    def sample_iteration(it: int, description: str):
+        """The next tasks' rollout on this process: (data position after them, its episodes, stats)."""
+        tasks = data.next()
+        n_local = len(range(*procs.share(len(tasks)))) * rollout.group_size
+        with progress_bar(n_local, description, show_progress and procs.is_main) as adv:
+            return (data.position(), tasks, *rollout_share(tasks, it, engine_version, adv))
+
+    def eval_before() -> dict:
+        return evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples, seed=rl.seed + 11,
+                        show_progress=show_progress, description="eval before", procs=procs)[0]
 
     last_done = start
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jxa-rollout") if rl.max_staleness else None
@@ -235,24 +252,32 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     with Sandbox(num_workers=rl.sandbox_workers, memo_entries=MEMO_ENTRIES if rl.sandbox_memo else 0) as sandbox:
         try:
             # ---- before training: is RL worth running? ----
+            first = None  # iteration 1's rollout, sampled here: its episodes are the probe
+            start_params = None  # the starting policy, kept for a held-out evaluation at the end
             if start == 0:
                 result["verifier_check"] = verifier_check(train_tasks, sandbox)
-                probe, probe_eps = evaluate(train_tasks[: rl.tasks_per_iter], engine, chat, sandbox, rollout, tools,
-                                            rollout.group_size, seed=rl.seed + 7, show_progress=show_progress,
-                                            description="probe (train tasks)", procs=procs)
-                lo = procs.share(rl.tasks_per_iter)[0]  # the same first episode of this process's share
-                again, _ = collect_episodes(train_tasks[lo:lo + 1], engine, chat, sandbox, replace(rollout, group_size=1),
-                                            tools, seed=rl.seed + 7 + lo * rollout.group_size, first_group_id=lo)
-                result["repeatable"] = all(procs.allgather(again[0].ids == probe_eps[0].ids))
-                result["before"] = evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples,
-                                            seed=rl.seed + 11, show_progress=show_progress,
-                                            description="eval before", procs=procs)[0]
+                with timer("rollout"):
+                    position, tasks, local, rstats = sample_iteration(1, "iter 1 rollout (the probe)")
+                    first = (position, local, *gather_episodes(procs, local, rstats))
+                probe = summarize_episodes(first[2], rollout.group_size)
+                lo = procs.share(len(tasks))[0]  # the same first episode of this process's share
+                again, _ = collect_episodes(tasks[lo:lo + 1], engine, chat, sandbox, replace(rollout, group_size=1),
+                                            tools, seed=rollout_seed(1) + lo * rollout.group_size, first_group_id=lo)
+                result["repeatable"] = all(procs.allgather(again[0].ids == local[0].ids))
+                if rl.before_eval == "start":
+                    result["before"] = eval_before()
+                else:  # the engine's params are a copy no update touches (policy_for_engine)
+                    start_params = engine.state
                 pk = probe.get(f"pass{rollout.group_size}", 0.0)
-                result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk, **probe["signal"]}
+                result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk,
+                                   **group_signal(first[2])}
                 log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
-                            "probe": result["probe"], "eval": _eval_scalars(result["before"])})
+                            "probe": result["probe"],
+                            **({"eval": _eval_scalars(result["before"])} if "before" in result else {})})
                 # a reward model scores every episode differently: the verifier's pass@k is no test of signal
                 if rl.require_signal and pk == 0.0 and not composer.uses_reward_model:
+                    if "before" not in result:
+                        result["before"] = eval_before()
                     raise NoSignalError(result,
                         f"the starting policy's pass@{rollout.group_size} on training tasks is 0: every group has "
                         "equal rewards, so group advantages are all 0 and RL has no signal. Start from an SFT "
@@ -260,17 +285,16 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             # ---- the loop ----
             for it in range(start + 1, rl.iterations + 1):
                 with timer("rollout"):
-                    if ahead is not None:  # sampled by the previous policy while its update ran
-                        position, future = ahead
-                        local, rstats = future.result()
+                    if first is not None:  # sampled before the loop, as the probe
+                        (position, local, episodes, rstats), first = first, None
                     else:
-                        tasks = data.next()
-                        position = data.position()
-                        n_local = len(range(*procs.share(len(tasks)))) * rollout.group_size
-                        with progress_bar(n_local, f"iter {it} rollout", show_progress and procs.is_main) as adv:
-                            local, rstats = rollout_share(tasks, it, engine_version, adv)
-                    ahead = None
-                    episodes, rstats = gather_episodes(procs, local, rstats)
+                        if ahead is not None:  # sampled by the previous policy while its update ran
+                            position, future = ahead
+                            local, rstats = future.result()
+                        else:
+                            position, _, local, rstats = sample_iteration(it, f"iter {it} rollout")
+                        ahead = None
+                        episodes, rstats = gather_episodes(procs, local, rstats)
                 if pool is not None and it < rl.iterations:  # the next rollout overlaps this update
                     nxt = data.next()
                     ahead = (data.position(), pool.submit(rollout_share, nxt, it + 1, engine_version))
@@ -336,6 +360,10 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             save(rl.iterations, position)
             export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer,
                       write=procs.is_main)
+            if start_params is not None:  # rl.before_eval="end": the same evaluation, after the run's
+                engine.update_params(start_params)
+                result["before"] = eval_before()
+                log.log(rl.iterations, {"eval_before": _eval_scalars(result["before"])})
         except KeyboardInterrupt:
             if ahead is not None:  # let the thread finish with the sandbox before it closes
                 ahead[1].exception()

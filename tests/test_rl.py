@@ -124,13 +124,53 @@ def test_keep_best_exports_the_best_evaluated_policy_and_survives_a_resume(sft_m
     assert any(not np.array_equal(a, b) for a, b in zip(weights("best_policy"), weights("policy")))
 
 
-def test_no_signal_refuses_to_train(tok, tmp_path):
+@pytest.mark.parametrize("before_eval", ["start", "end"])
+def test_no_signal_refuses_to_train(tok, tmp_path, before_eval):
     cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=8)
-    with pytest.raises(NoSignalError, match="no signal"):
-        train_rl(CausalLM(cfg, rngs=nnx.Rngs(1)), tok, rl=rl_config(tmp_path), rollout=ROLLOUT, sampling=SAMPLING,
-                 train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ, train_tasks=TASKS,
-                 eval_tasks=TASKS[:1], show_progress=False)
+    with pytest.raises(NoSignalError, match="no signal") as err:
+        train_rl(CausalLM(cfg, rngs=nnx.Rngs(1)), tok, rl=rl_config(tmp_path, before_eval=before_eval),
+                 rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(), tools=TOOLS, traj=TRAJ,
+                 train_tasks=TASKS, eval_tasks=TASKS[:1], show_progress=False)
+    # the verdict carries the starting policy's held-out evaluation whenever that would have run
+    assert err.value.result["before"]["n_episodes"] == 4 and err.value.result["probe"]["pass1"] == 0.0
+
+
+def test_the_probe_is_iteration_one_and_the_before_eval_can_run_last(sft_model, tok, tmp_path, monkeypatch):
+    """Iteration 1 trains on the probe's episodes (the starting policy is sampled once for
+    both), and rl.before_eval="end" evaluates the kept starting policy after training: the
+    same episodes, so the same summary, as "start"."""
+    import jaxrl_agent.rl as rl_mod
+
+    real, calls = rl_mod.collect_share, []
+
+    def counted(*a, **k):
+        eps, stats = real(*a, **k)
+        calls.append(len(eps))
+        return eps, stats
+    monkeypatch.setattr(rl_mod, "collect_share", counted)
+    kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+              tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:2], show_progress=False)
+    runs = {}
+    for when in ("start", "end"):
+        calls.clear()
+        runs[when] = train_rl(sft_model, tok, rl=rl_config(tmp_path / when, iterations=2, before_eval=when), **kw)
+        rollout, ev = 2 * ROLLOUT.group_size, 2 * 4  # tasks_per_iter x group; eval tasks x samples
+        # probe = iteration 1, then the evaluations around iteration 2 in the order asked for
+        assert calls == [rollout, ev, rollout, ev] if when == "start" else [rollout, rollout, ev, ev], calls
+    start, end = runs["start"], runs["end"]
+    assert {k: v for k, v in start["before"].items() if k != "cost"} == {
+        k: v for k, v in end["before"].items() if k != "cost"}
+    assert start["probe"] == end["probe"] and start["repeatable"] and end["repeatable"]
+    for a, b in zip(start["iterations"], end["iterations"]):  # the same training
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+    # the probe's figures are iteration 1's batch
+    assert start["probe"]["pass1"] == pytest.approx(start["iterations"][0]["rollout/success"])
+    lines = [json.loads(x) for x in open(tmp_path / "end" / "run" / "metrics.jsonl")]
+    assert any("eval_before/pass1" in x for x in lines) and not any("eval/pass1" in x for x in lines)
+    with pytest.raises(ValueError, match="before_eval"):
+        train_rl(sft_model, tok, rl=rl_config(tmp_path / "bad", before_eval="middle"), **kw)
 
 
 def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):

@@ -38,8 +38,9 @@ def test_two_processes_split_the_rollouts_and_match_one_process(tmp_path):
     # every collect_episodes call of a process ran half of the episodes one process runs
     for g in got:
         assert g["processes"] == 2
-        # probe 2 tasks x 8, repeat 1, eval 2 x 4 (first run); 2 x 8 per iteration; eval 2 x 4 after each run
-        assert g["local_episodes"] == [8, 1, 4, 8, 4, 8, 4], g["local_episodes"]
+        # iteration 1 (the probe) 2 tasks x 8, repeat 1, eval 2 x 4, eval after 2 x 4 (first run);
+        # iteration 2: 2 x 8, eval after 2 x 4 (the resumed run)
+        assert g["local_episodes"] == [8, 1, 4, 4, 8, 4], g["local_episodes"]
     # the logged metrics are the whole batch's and equal one process's
     for a, b in zip(got[0]["iterations"], ref_iters):
         for key in ("rollout/reward_mean", "rollout/success", "rollout/mixed_group_share", "train/policy_tokens"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -54,10 +55,16 @@ class _Budget(Exception):
     """Raised by the tracer when a call exceeds its line budget (an infinite loop)."""
 
 
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str):
+    """One code object per source: an instance's check runs each variant on every case."""
+    return compile(source, "<task>", "exec")
+
+
 def _call(source: str, fn: str, args: tuple, budget: int = 20000):
     """Run `fn(*args)` from `source` in-process; ("ok", value) / ("error", msg) / ("loop", None)."""
     ns: dict = {"__name__": "task_check"}
-    exec(compile(source, "<task>", "exec"), ns)
+    exec(_compiled(source), ns)  # a fresh namespace per call: no state survives between calls
     steps = 0
 
     def tracer(frame, event, arg):
