@@ -5,7 +5,9 @@ and with the cache off, side by side on this machine.
 Each run is a fresh `python -m jaxrl_agent demo` process (the README's main command, its
 defaults, a scratch run directory). The clock starts at the process launch and stops when it
 prints its first `iter   1` line (or its "no RL run" verdict on a policy RL cannot train: the
-same evaluations and compiles, minus the update); the process is then stopped. Runs go in rounds of
+same evaluations and compiles, minus the update); the process is then stopped. Each run's
+`split` says how much of that wait was iteration 1's own rollout and update (from the run's
+metrics.jsonl) and how much the rest: start-up, compiles, checks, evaluations before training. Runs go in rounds of
 off -> cold -> warm (the warm run reuses the directory its round's cold run filled), `--repeats`
 rounds.
 
@@ -54,8 +56,21 @@ def time_to_first_iteration(cache: str, run_dir: str, extra: list[str], limit_s:
     if first is None:
         tail = "\n".join(text for _, text in lines[-15:])
         raise RuntimeError(f"no first iteration within {limit_s} s ({cmd}):\n{tail}")
-    return {"first_iteration_s": round(first, 2), "stopped_at": stop,
+    return {"first_iteration_s": round(first, 2), "stopped_at": stop, "split": _split(run_dir, first),
             "milestones": [m for m in lines if not m[1].startswith("config")]}
+
+
+def _split(run_dir: str, first: float) -> dict:
+    """Where the wait went, from the run's own metrics.jsonl (line-buffered, so the killed run
+    wrote it): iteration 1's rollout (its 48 episodes, which are also the probe), reward and
+    update seconds, and the rest (start-up, compiles, checks, evaluations before training)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    recs = [json.loads(x) for x in open(path)] if os.path.exists(path) else []
+    it1 = next((r for r in recs if r["step"] == 1 and "time/rollout" in r), None)
+    if it1 is None:  # the no-signal verdict: no iteration ran
+        return {}
+    parts = {k: round(it1.get(f"time/{k}", 0.0), 2) for k in ("rollout", "reward", "train")}
+    return {**parts, "rest": round(first - sum(parts.values()), 2)}
 
 
 def main() -> None:
@@ -75,7 +90,7 @@ def main() -> None:
             size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache) for f in fs)
             runs["cold"][-1]["cache_bytes"] = size
     firsts = {m: [x["first_iteration_s"] for x in v] for m, v in runs.items()}
-    summary = {m: {"first_iteration_s": v} for m, v in firsts.items()}
+    summary = {m: {"first_iteration_s": v, "split": [x["split"] for x in runs[m]]} for m, v in firsts.items()}
     summary["warm"]["speedup_vs_cold"] = [round(c / w, 2) for c, w in zip(firsts["cold"], firsts["warm"])]
     summary["cold"]["vs_off"] = [round(o / c, 2) for o, c in zip(firsts["off"], firsts["cold"])]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

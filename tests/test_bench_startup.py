@@ -1,0 +1,30 @@
+"""benchmarks/bench_startup.py's split of the wait, from a run's metrics.jsonl as the killed
+demo leaves it (the timed runs themselves are the benchmark's, not a test's)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_startup", os.path.join(ROOT, "benchmarks", "bench_startup.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_split_reads_iteration_one_and_leaves_the_rest(bench, tmp_path):
+    lines = [{"step": 0, "time": 1.0, "probe/pass1": 0.5},
+             {"step": 1, "time": 2.0, "time/rollout": 12.5, "time/reward": 0.25, "time/train": 7.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert bench._split(str(tmp_path), 30.0) == {"rollout": 12.5, "reward": 0.25, "train": 7.0, "rest": 10.25}
+
+
+def test_split_of_a_run_that_never_trained_is_empty(bench, tmp_path):
+    assert bench._split(str(tmp_path), 30.0) == {}  # no metrics file yet
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "time": 1.0, "probe/pass1": 0.0}) + "\n")
+    assert bench._split(str(tmp_path), 30.0) == {}  # the no-signal verdict: no iteration ran
