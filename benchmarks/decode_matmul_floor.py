@@ -16,8 +16,10 @@ after a 128-token prompt, as in bench_sampling.py) for its time per generated st
 these two libraries' f32 matmul kernels could reach on this machine: attention, sampling, cache
 writes and loop control all come on top. A second floor adds the one piece of that no sampler
 can skip: each layer's attention of the 16 queries over a cache of the benchmark's mean length
-(prompt + half the new tokens), written as two einsums and a softmax in each library. Prints a
-table and writes benchmarks/results/decode_matmul_floor.json.
+(prompt + half the new tokens), written as two einsums and a softmax in each library. One more
+pass of the matmul-only JAX loop is traced, for the time of one weight-matmul kernel run there,
+the figure profile_decode.py gives inside the sampler's decode loop. Prints a table and writes
+benchmarks/results/decode_matmul_floor.json.
 """
 from __future__ import annotations
 
@@ -83,7 +85,10 @@ def attention_fns(caches, heads: int, lib):
 
 
 def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int,
-                         caches=None, heads: int = 0) -> float:
+                         caches=None, heads: int = 0, trace: bool = False):
+    """Median seconds per step of the jitted loop; with `trace`, also the mean traced
+    microseconds of one weight-matmul kernel run in it (profile_decode.py's tracer, so the
+    figure compares with the per-run figure that script gives for the sampler's decode loop)."""
     layers_j = jax.tree.map(jnp.asarray, layers)
     caches_j = None if caches is None else ([jnp.asarray(k.transpose(0, 1, 3, 2)) for k in caches[0]],
                                             [jnp.asarray(v) for v in caches[1]])
@@ -105,7 +110,19 @@ def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: i
         t0 = time.perf_counter()
         jax.block_until_ready(run(*args))
         times.append(time.perf_counter() - t0)
-    return float(np.median(times)) / steps
+    seconds = float(np.median(times)) / steps
+    if not trace:
+        return seconds
+    from profile_decode import kernel_runs, library_kernel_role, op_names
+
+    names, trace_dir = op_names(run.lower(*args).compile().as_text()), tempfile.mkdtemp()
+    jax.profiler.start_trace(trace_dir)
+    jax.block_until_ready(run(*args))
+    jax.profiler.stop_trace()
+    matmul = "weight matmuls (projections, MLP, unembedding)"
+    us = [t for n, t in kernel_runs(trace_dir, full_names=True)
+          if n.startswith("ynn_fusion") and library_kernel_role(names.get(n, "")) == matmul]
+    return seconds, float(np.mean(us))
 
 
 def torch_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int, threads: int,
@@ -152,7 +169,8 @@ def main() -> None:
             hf_generate(hf_model, prompts, args.steps)
             ts.append(time.perf_counter() - t0)
         gen[n] = float(np.median(ts)) / args.steps
-    floor = {"jax": jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats)}
+    floor = {}
+    floor["jax"], traced_us = jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, trace=True)
     for n in thread_counts:
         floor[f"torch_threads_{n}"] = torch_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, n)
     # With attention: every layer's queries over a cache of the benchmark's mean length (the
@@ -176,6 +194,7 @@ def main() -> None:
         "generate_ms_per_step": {str(n): 1e3 * s for n, s in gen.items()},
         "matmul_only_ms_per_step": {k: 1e3 * v for k, v in floor.items()},
         "fastest_matmul_only": best,
+        "matmul_only_jax_traced_us_per_matmul": traced_us,
         "max_speedup_vs_hf_generate": hf_step / floor[best],
         "step_budget_ms_for_5x": 1e3 * hf_step / 5,
         "matmul_attention_ms_per_step": {k: 1e3 * v for k, v in floor_attn.items()},
@@ -192,6 +211,8 @@ def main() -> None:
     for k, v in floor.items():
         print(f"matmuls only, {k:<16} {1e3 * v:.3f} ms per step")
     print(f"max_speedup_vs_hf_generate (matmuls only, {best}): {result['max_speedup_vs_hf_generate']:.2f}x")
+    print(f"one weight matmul in the jax loop, traced: {traced_us:.1f} us per run (profile_decode.py gives "
+          "the decode loop's)")
     for k, v in floor_attn.items():
         print(f"matmuls + attention over {slots} slots, {k:<16} {1e3 * v:.3f} ms per step")
     print(f"max_speedup_vs_hf_generate_with_attention ({best_attn}): "

@@ -20,8 +20,8 @@ main thread does it all, so the collectives of the rollout and of the update nev
 Before training it answers the questions that decide whether RL is worth running (DESIGN §9b):
 is the reward trustworthy (the verifier scores the reference fix 1 and the buggy code 0 on the
 run's own tasks), does the policy explore (pass@k and the share of groups with mixed rewards
-on training tasks), is the environment repeatable (the same seed gives the same episode), and
-what it costs (time split, tokens per second). A policy whose pass@k is 0 gives RL no signal:
+on iteration 1's batch, sampled first and then trained on), is the environment repeatable
+(the same seed gives the same episode), and what it costs (time split, tokens per second). A policy whose pass@k is 0 gives RL no signal:
 the loop says so and stops instead of training (`RLConfig.require_signal`).
 """
 from __future__ import annotations
@@ -360,7 +360,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             save(rl.iterations, position)
             export_hf(ts, state, model.config, os.path.join(rl.run_dir, "policy"), tokenizer=tokenizer,
                       write=procs.is_main)
-            if start_params is not None:  # rl.before_eval="end": the same evaluation, after the run's
+            if start_params is not None:  # rl.before_eval="end": the starting policy, evaluated now
                 engine.update_params(start_params)
                 result["before"] = eval_before()
                 log.log(rl.iterations, {"eval_before": _eval_scalars(result["before"])})
