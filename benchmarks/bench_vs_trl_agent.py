@@ -17,9 +17,14 @@ single-turn benchmark's: token-mean GRPO, clip 0.2, AdamW, no KL, float32
 `--settings` picks the episode loop's settings, the same for both sides:
 - `default`: the library defaults (`ToolConfig()`: 0.5 s CPU per test; `RolloutConfig()`: the
   verifier's 1 s per test; every sandbox call run);
+- `rl_default`: the RL loop's defaults (`train_rl` with `RLConfig()`): the library's limits
+  above, identical sandbox calls sharing one execution (`RLConfig.sandbox_memo`, on by
+  default); -> `vs_trl_agent_rl_default.json`;
 - `study`: the RL loop as the study runs it (0.05 s per test for the tools and the verifier,
   identical sandbox calls sharing one execution, `Sandbox(memo_entries=...)`). Each side has
   its own sandbox, so neither side's memo answers the other's calls; -> `vs_trl_agent_study.json`.
+A memo is emptied before each rollout: every iteration here reruns the same tasks, while the RL
+loop draws new ones, so calls are shared within a rollout only, as in an RL iteration.
 The tools and the verifier are the same for both sides, so what they cost is a shared floor
 under both times: the `study` settings lower that floor, the engines' difference stays.
 """
@@ -111,6 +116,9 @@ class TorchEngine:
                 end, reason = max(room[i], 0), "cache_full"
             out[r] = (toks[:end], picked[i, :end].tolist())
             finish[r] = reason
+            # The row's conversation goes on from what it said (SamplingEngine keeps it in its
+            # cache): `collect_episodes` appends only observations.
+            self.rows[r].extend(toks[:end])
         return TorchTurn(out, tuple(finish.get(r) for r in range(self.config.batch_size)))
 
 
@@ -135,8 +143,11 @@ class Agent:
                                          **({"verify_test_timeout_s": STUDY_TEST_LIMIT_S} if study else {}))
 
     def rollout(self, tasks, engine, sandbox, group: int, seed: int):
+        from jaxrl_agent.env.sandbox_memo import CallMemo
         from jaxrl_agent.rollout import collect_episodes
 
+        if sandbox.memo is not None:  # emptied per rollout: the RL loop draws new tasks each iteration,
+            sandbox.memo = CallMemo()  # so only the calls within one rollout share; this reuses the same six
         return collect_episodes(tasks, engine, self.chat, sandbox, replace(self.rollout_cfg, group_size=group),
                                 self.tool_cfg, seed=seed)
 
@@ -265,18 +276,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--iterations", type=int, default=2, help="timed iterations per TRL pass (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", default="default,1")
-    ap.add_argument("--settings", choices=("default", "study"), default="default",
+    ap.add_argument("--settings", choices=("default", "rl_default", "study"), default="default",
                     help="the episode loop's settings, the same for both sides (module docstring)")
     ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_study].json")
     args = ap.parse_args(argv)
-    args.out = args.out or os.path.join(HERE, "results",
-                                        "vs_trl_agent.json" if args.settings == "default" else "vs_trl_agent_study.json")
+    args.out = args.out or os.path.join(HERE, "results", "vs_trl_agent.json" if args.settings == "default"
+                                        else f"vs_trl_agent_{args.settings}.json")
     import torch
 
     from jaxrl_agent.env.sandbox import Sandbox
     from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 
-    memo = MEMO_ENTRIES if args.settings == "study" else 0
+    memo = MEMO_ENTRIES if args.settings in ("rl_default", "study") else 0
     with Sandbox(num_workers=2, memo_entries=memo) as ours_box, Sandbox(num_workers=2, memo_entries=memo) as trl_box:
         agent = Agent(args.policy, args.tasks, args.settings)
         t0 = time.perf_counter()

@@ -47,3 +47,31 @@ def test_tiny_agent_iteration_side_by_side(tmp_path):
             assert r[side]["turns"] >= 1 and r[side]["tokens"] > r[side]["new_tokens"] > 0
             assert 0.0 <= r[side]["success"] <= 1.0
     assert set(res["speedup_vs_trl_best"]) == {"s", "generation_s", "update_s"}
+
+
+def test_torch_engine_rows_go_on_from_what_they_sampled():
+    """TRL's side of the agent benchmark: a row's next turn sees its own earlier turn, as our
+    engine's cache does (the rollout appends only observations). Without it every later turn
+    was sampled after the observation with the call that caused it missing."""
+    import sys
+
+    import transformers
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_vs_trl_agent",
+                                                  os.path.join(ROOT, "benchmarks", "bench_vs_trl_agent.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    from jaxrl_agent.config import SamplingConfig
+
+    policy = os.path.join(ROOT, "jaxrl_agent", "assets", "demo_policy")
+    model = transformers.AutoModelForCausalLM.from_pretrained(policy)
+    engine = bench.TorchEngine(model, SamplingConfig(batch_size=2, cache_size=64, stop_token_ids=()), pad_id=0)
+    engine.start_episode(1, [5, 6, 7])
+    engine.begin_turn([1], max_new_tokens=4)
+    turn = engine.advance(4)
+    ids, logp, _ = turn.row(1)
+    assert len(ids) == len(logp) == 4 and turn.finish_reason == (None, "length")
+    assert engine.rows[1] == [5, 6, 7, *ids]
+    engine.append(1, [8, 9])
+    assert engine.rows[1] == [5, 6, 7, *ids, 8, 9]
