@@ -296,8 +296,20 @@ def main(argv: list[str] | None = None) -> dict:
         first = time.perf_counter() - t0
         passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours, trl_box)
                   for th in args.threads.split(",")]
-    return single.report({"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first},
-                         passes, args.out)
+    return single.report({"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first,
+                          "episodes": episodes_alike(passes)}, passes, args.out)
+
+
+def episodes_alike(passes: list[dict]) -> dict:
+    """Both sides' mean success and turns over the timed iterations: the ratios compare like
+    work only if these agree (the same policy and loop, sampled apart). A TRL side that lost
+    its own turns once showed success 0.00 in ~10 turns against our ~0.5 in ~6."""
+    rows = [r for p in passes for r in p["rows"]]
+    sides = {side: {k: float(np.mean([r[side][k] for r in rows])) for k in ("success", "turns")}
+             for side in ("ours", "trl")}
+    if abs(sides["ours"]["turns"] - sides["trl"]["turns"]) > 0.25 * sides["ours"]["turns"]:
+        print(f"WARNING: the two sides' episodes differ ({sides}): the time ratios do not compare like work")
+    return sides
 
 
 if __name__ == "__main__":

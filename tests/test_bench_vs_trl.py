@@ -40,6 +40,7 @@ def test_tiny_agent_iteration_side_by_side(tmp_path):
     res = bench.main(["--tasks=1", "--group=2", "--iterations=1", "--threads=1", "--settings=study",
                       f"--out={tmp_path / 'a.json'}"])
     assert res["config"]["settings"] == "study"
+    assert set(res["episodes"]) == {"ours", "trl"} and all(v["turns"] >= 1 for v in res["episodes"].values())
     rows = res["passes"][0]["rows"]
     assert len(rows) == 2
     for r in rows:
