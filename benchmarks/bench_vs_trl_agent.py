@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", default="default,1")
     ap.add_argument("--settings", choices=("default", "rl_default", "study"), default="default",
                     help="the episode loop's settings, the same for both sides (module docstring)")
-    ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_study].json")
+    ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_<settings>].json")
     args = ap.parse_args(argv)
     args.out = args.out or os.path.join(HERE, "results", "vs_trl_agent.json" if args.settings == "default"
                                         else f"vs_trl_agent_{args.settings}.json")
