@@ -258,8 +258,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 result["verifier_check"] = verifier_check(train_tasks, sandbox)
                 with timer("rollout"):
                     position, tasks, local, rstats = sample_iteration(1, "iter 1 rollout (the probe)")
-                    first = (position, local, *gather_episodes(procs, local, rstats))
-                probe = summarize_episodes(first[2], rollout.group_size)
+                    episodes, rstats = gather_episodes(procs, local, rstats)
+                    first = (position, local, episodes, rstats)
+                probe = summarize_episodes(episodes, rollout.group_size)
                 lo = procs.share(len(tasks))[0]  # the same first episode of this process's share
                 again, _ = collect_episodes(tasks[lo:lo + 1], engine, chat, sandbox, replace(rollout, group_size=1),
                                             tools, seed=rollout_seed(1) + lo * rollout.group_size, first_group_id=lo)
@@ -270,7 +271,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     start_params = engine.state
                 pk = probe.get(f"pass{rollout.group_size}", 0.0)
                 result["probe"] = {"pass1": probe["pass1"], f"pass{rollout.group_size}": pk,
-                                   **group_signal(first[2])}
+                                   **group_signal(episodes)}
                 log.log(0, {"check": {**result["verifier_check"], "repeatable": result["repeatable"]},
                             "probe": result["probe"],
                             **({"eval": _eval_scalars(result["before"])} if "before" in result else {})})
