@@ -323,8 +323,10 @@ class RLConfig:
     (`train.loss.tis_cap`, 2.0 when unset; `train/tis_*` metrics). Each episode records the
     policy version that sampled it (`rollout/staleness_*`)."""
     precompile: bool = True
-    """Compile the train step for every length bucket in a background thread while the first
-    rollouts run (`TrainStep.precompile`), so the first update does not wait for its compile."""
+    """Compile the train step for every length bucket in a background thread
+    (`TrainStep.precompile`), so the first update does not wait for its compile: the smaller
+    buckets at once, the top one (the slowest) when an episode of the first rollout needs it,
+    else once the first iteration is done."""
 
 
 @dataclass(frozen=True)

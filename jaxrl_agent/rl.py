@@ -190,9 +190,25 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         rows = rl.tasks_per_iter * rollout.group_size // procs.count
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
     traj = replace(traj, batch_multiple=mult)
-    if rl.precompile:  # every length bucket, while the probe and the first rollouts run
-        pad = [Episode([traj.pad_id], [0], [0.0], [0])]
-        ts.precompile([collate(pad, replace(traj, buckets=(t,)))[0] for t in sorted(traj.buckets)])
+    # A batch pads to its longest episode's bucket. The smaller buckets compile at once, while
+    # iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
+    # that rollout's episodes needs it, else once iteration 1 is done: it does not compete with
+    # the first rollout for the cores unless the first update needs it (benchmarks/bench_startup.py).
+    buckets, pad = sorted(traj.buckets), [Episode([traj.pad_id], [0], [0.0], [0])]
+    *smaller, top = [collate(pad, replace(traj, buckets=(t,)))[0] for t in buckets] if rl.precompile else [None]
+    below_top = buckets[-2] if len(buckets) > 1 else 0
+
+    def precompile_top(episode: Episode | None = None) -> None:
+        """Queue the top bucket's compile (once): now, or when `episode` would need it."""
+        nonlocal top
+        if top is not None and (episode is None or len(episode.ids) > below_top):
+            ts.precompile([top])
+            top = None
+
+    if rl.precompile:
+        ts.precompile(smaller)
+        if not smaller:
+            precompile_top()
     data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))
@@ -230,17 +246,17 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     def rollout_seed(it: int) -> int:
         return rl.seed * 1_000_003 + it * 10_007
 
-    def rollout_share(tasks, it: int, version: int, progress=None):
+    def rollout_share(tasks, it: int, version: int, progress=None, on_episode=None):
         eps, stats = collect_share(procs, tasks, engine, chat, sandbox, rollout, tools, seed=rollout_seed(it),
-                                   progress=progress)
+                                   progress=progress, on_episode=on_episode)
         return [replace(e, info={**e.info, "policy_version": version}) for e in eps], stats
 
-    def sample_iteration(it: int, description: str):
+    def sample_iteration(it: int, description: str, on_episode=None):
         """The next tasks' rollout on this process: (data position after them, its episodes, stats)."""
         tasks = data.next()
         n_local = len(range(*procs.share(len(tasks)))) * rollout.group_size
         with progress_bar(n_local, description, show_progress and procs.is_main) as adv:
-            return (data.position(), tasks, *rollout_share(tasks, it, engine_version, adv))
+            return (data.position(), tasks, *rollout_share(tasks, it, engine_version, adv, on_episode))
 
     def eval_before() -> dict:
         return evaluate(eval_tasks, engine, chat, sandbox, rollout, tools, rl.eval_samples, seed=rl.seed + 11,
@@ -257,7 +273,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
             if start == 0:
                 result["verifier_check"] = verifier_check(train_tasks, sandbox)
                 with timer("rollout"):
-                    position, tasks, local, rstats = sample_iteration(1, "iter 1 rollout (the probe)")
+                    position, tasks, local, rstats = sample_iteration(1, "iter 1 rollout (the probe)", precompile_top)
                     episodes, rstats = gather_episodes(procs, local, rstats)
                     first = (position, local, episodes, rstats)
                 probe = summarize_episodes(episodes, rollout.group_size)
@@ -285,6 +301,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                         "policy (python -m jaxrl_agent sft) or raise rollout.group_size.")
             # ---- the loop ----
             for it in range(start + 1, rl.iterations + 1):
+                if it > start + 1:  # iteration 1 is done
+                    precompile_top()
                 with timer("rollout"):
                     if first is not None:  # sampled before the loop, as the probe
                         (position, local, episodes, rstats), first = first, None

@@ -198,8 +198,11 @@ class TrainStep:
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         # A copy, never an alias: the step donates its state, which must not free the model's arrays.
         # (device_put may reuse the buffer on device 0 even with may_alias=False; a jitted copy never does.)
-        params = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings,
-                         compiler_options=self._xla)(params)
+        # One jitted copy of the whole tree, used for the reference copy too: an eager
+        # tree.map(jnp.copy) compiles one small program per distinct leaf shape.
+        copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=self.param_shardings,
+                       compiler_options=self._xla)
+        params = copy(params)
         key = jax.random.PRNGKey(seed)
         if self.lora:
             init = jax.jit(lambda p: lora_lib.init_lora(p, self.cfg.lora, jax.random.fold_in(key, 1)),
@@ -207,7 +210,7 @@ class TrainStep:
             trainable, frozen = init(params), params
         else:
             trainable, frozen = params, None
-        ref = jax.tree.map(jnp.copy, params) if (self.cfg.use_ref and not self.lora) else None
+        ref = copy(params) if (self.cfg.use_ref and not self.lora) else None
         opt_state = jax.jit(self.optimizer.init, out_shardings=self.state_shardings.opt_state,
                             compiler_options=self._xla)(trainable)
         state = TrainState(params=trainable, opt_state=opt_state, step=jnp.zeros((), jnp.int32), rng=key,

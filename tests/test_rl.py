@@ -173,6 +173,43 @@ def test_the_probe_is_iteration_one_and_the_before_eval_can_run_last(sft_model, 
         train_rl(sft_model, tok, rl=rl_config(tmp_path / "bad", before_eval="middle"), **kw)
 
 
+def test_the_top_bucket_compiles_when_the_first_rollout_needs_it(sft_model, tok, tmp_path, monkeypatch):
+    """rl.precompile: the smaller length buckets are compiled at once; the top one (the slowest)
+    is queued during iteration 1's rollout as soon as one of its episodes needs it, else once
+    iteration 1 is done (it then overlaps later rollouts, not the first one)."""
+    import jaxrl_agent.rl as rl_mod
+    from jaxrl_agent.config import TrajectoryConfig
+    from jaxrl_agent.train_step import TrainStep
+
+    rollouts, asked, inside = [], [], []
+    real = rl_mod.collect_share
+
+    def counted(*a, **k):
+        rollouts.append(1)
+        inside.append(1)
+        try:
+            return real(*a, **k)
+        finally:
+            inside.pop()
+    monkeypatch.setattr(rl_mod, "collect_share", counted)
+    monkeypatch.setattr(TrainStep, "precompile", lambda self, batches: asked.append(
+        ([b.tokens.shape[1] for b in batches], len(rollouts), bool(inside))))
+    kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
+              tools=TOOLS, train_tasks=TASKS, eval_tasks=TASKS[:2], show_progress=False)
+    for buckets in ((64, 128, 256), (128, 256, 512)):
+        asked.clear()
+        rollouts.clear()
+        res = train_rl(sft_model, tok, rl=rl_config(tmp_path / str(buckets[0]), iterations=2, before_eval="end"),
+                       traj=TrajectoryConfig(buckets=buckets), **kw)
+        assert "train/loss" in res["iterations"][0]  # iteration 1 trained
+        assert res["iterations"][0]["rollout/mean_tokens"] > 128
+        assert asked[0] == (list(buckets[:2]), 0, False), asked
+        if buckets[1] < 256:  # this task's episodes are longer than 128 tokens: needed in rollout 1
+            assert asked[1:] == [([buckets[2]], 1, True)], asked
+        else:  # none is longer than 256 (the token budget): queued before iteration 2's rollout
+            assert asked[1:] == [([buckets[2]], 1, False)], asked
+
+
 def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):
     with pytest.raises(ValueError, match="tasks_per_iter=5 must be in \\[1, 4\\]"):
         train_rl(sft_model, tok, rl=rl_config(tmp_path, tasks_per_iter=5), rollout=ROLLOUT, sampling=SAMPLING,
