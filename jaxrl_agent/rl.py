@@ -201,7 +201,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     def precompile_top(episode: Episode | None = None) -> None:
         """Queue the top bucket's compile (once): now, or when `episode` would need it."""
         nonlocal top
-        if top is not None and (episode is None or len(episode.ids) > below_top):
+        if top is not None and (episode is None or len(episode) > below_top):  # trajectory.bucket_length
             ts.precompile([top])
             top = None
 
@@ -301,7 +301,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                         "policy (python -m jaxrl_agent sft) or raise rollout.group_size.")
             # ---- the loop ----
             for it in range(start + 1, rl.iterations + 1):
-                if it > start + 1:  # iteration 1 is done
+                if it > start + 1 or first is None:  # iteration 1 is done, or a resumed run (no probe)
                     precompile_top()
                 with timer("rollout"):
                     if first is not None:  # sampled before the loop, as the probe
