@@ -104,6 +104,10 @@ class PolicyConfig:
 
     path: str = DEMO_POLICY_DIR
     """HF checkpoint directory (the repo ships a tiny demo policy here)."""
+    tokenizer: str = "auto"
+    """How its tokenizer is read (`tokenizer.load_tokenizer`): "auto" (what transformers'
+    AutoTokenizer builds: Qwen2Tokenizer for our exports, whose pre-tokenizer is not the file's)
+    or "file" (tokenizer.json as written: the tokenizer the study's SFT trained with)."""
 
 
 @dataclass(frozen=True)
@@ -151,16 +155,17 @@ class EvalRunConfig:
 
 
 # ---- shared pieces ----
-def load_policy(path: str):
+def load_policy(path: str, tokenizer: str = "auto"):
     """(model, tokenizer) from an HF directory; a clear error when it is missing. The tokenizer
-    is the directory's own when it has one, else the repo's tiny tokenizer (older exports); one
-    with more ids than the model has embedding rows is refused (sampling would index past it)."""
+    is the directory's own when it has one (read in `tokenizer` mode, `load_tokenizer`), else
+    the repo's tiny tokenizer (older exports); one with more ids than the model has embedding
+    rows is refused (sampling would index past it)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(f"policy directory {path!r} does not exist: train one with "
                                 "`python -m jaxrl_agent sft` or pass --policy.path=DIR")
     model, _ = hf.load_pretrained(path)
     own = has_tokenizer_files(path)
-    tok = load_tokenizer(path if own else None)
+    tok = load_tokenizer(path if own else None, tokenizer)
     if tok.vocab_size > model.config.vocab_size:
         raise ValueError(f"{'the tokenizer in ' + repr(path) if own else 'the repo tokenizer'} has {tok.vocab_size} "
                          f"ids but the model in {path!r} has vocab_size={model.config.vocab_size}")
@@ -231,7 +236,7 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
 
     procs = Processes.current()  # on N processes each runs its share; process 0 writes the summary
 
-    model, tok = load_policy(cfg.policy.path)
+    model, tok = load_policy(cfg.policy.path, cfg.policy.tokenizer)
     chat = ChatFormat(tok, tool_style="short")
     engine = SamplingEngine(model, replace(cfg.sampling, stop_token_ids=tuple(tok.stop_ids),
                                            cache_size=cfg.rollout.max_total_tokens))
@@ -276,7 +281,7 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
 def run_train_job(cfg: TrainRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.rl import train_rl
 
-    model, tok = load_policy(cfg.policy.path)
+    model, tok = load_policy(cfg.policy.path, cfg.policy.tokenizer)
     return train_rl(model, tok, rl=cfg.rl, rollout=cfg.rollout, sampling=cfg.sampling, train=cfg.train,
                     optim=cfg.optim, tools=cfg.tools, traj=cfg.traj, show_progress=show_progress, resume=cfg.resume,
                     rewards=cfg.rewards)
@@ -335,7 +340,7 @@ def run_export_job(cfg: ExportRunConfig, *, show_progress: bool = True) -> dict:
     from jaxrl_agent.loss_registry import LOSSES
     from jaxrl_agent.train_step import make_optimizer, make_train_step
 
-    model, tok = load_policy(cfg.policy.path)
+    model, tok = load_policy(cfg.policy.path, cfg.policy.tokenizer)
     ckpt_dir = os.path.join(cfg.export.run_dir, "checkpoints")
     with Checkpointer(CheckpointConfig(directory=ckpt_dir)) as ckpt:
         if ckpt.latest_step() is None:

@@ -28,7 +28,7 @@ import os
 import re
 from typing import Sequence
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from jaxrl_agent.env.tool_calls import TOOL_SETS, format_tool_call, tool_schemas  # noqa: F401 - one call format
 
@@ -146,11 +146,27 @@ def has_tokenizer_files(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
 
 
-def load_tokenizer(path: str | None = None) -> Tokenizer:
-    """Load a local HF tokenizer directory (default: the repo's tiny tokenizer)."""
+TOKENIZER_MODES = ("auto", "file")
+
+
+def load_tokenizer(path: str | None = None, mode: str = "auto") -> Tokenizer:
+    """Load a local HF tokenizer directory (default: the repo's tiny tokenizer).
+
+    `mode` "auto": what `AutoTokenizer` builds from the directory. For a directory whose
+    config.json says qwen2 (every exported policy) that is `Qwen2Tokenizer`, which replaces
+    tokenizer.json's pre-tokenizer with Qwen2's and adds an NFC normalizer: not the tokenizer
+    the study's SFT trained with (the repo's, as its file says; experiments/binary_search_rl/
+    README.md). "file": tokenizer.json as written (`PreTrainedTokenizerFast`)."""
     path = path or DEFAULT_TOKENIZER_DIR
+    if mode not in TOKENIZER_MODES:
+        raise ValueError(f"tokenizer mode {mode!r}: one of {TOKENIZER_MODES}")
     if not has_tokenizer_files(path):
         raise FileNotFoundError(f"no tokenizer.json / tokenizer_config.json in {path}")
+    if mode == "file":
+        if not os.path.exists(os.path.join(path, "tokenizer.json")):
+            raise FileNotFoundError(f"tokenizer mode 'file' reads {path}/tokenizer.json, which is missing: "
+                                    "use mode 'auto'")
+        return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
     return Tokenizer(AutoTokenizer.from_pretrained(path))
 
 

@@ -370,3 +370,35 @@ def test_escape_leaves_no_added_token_in_any_text(tok, pieces):
     ids = tok.encode(tok.escape(text))
     assert not set(ids) & set(tok.hf.get_added_vocab().values())
     assert tok.escape(text).replace("\u200b", "") == text
+
+
+# ---- reading an exported policy's tokenizer: "auto" and "file" ----------------------------------
+
+SHIPPED_SFT = os.path.join(os.path.dirname(__file__), "..", "experiments", "binary_search_rl", "results", "policies",
+                           "sft")
+
+
+def test_file_mode_is_the_tokenizer_sft_trained_with(tok):
+    """An exported policy's directory (config.json says qwen2) read in "auto" mode is
+    transformers' Qwen2Tokenizer, whose pre-tokenizer differs from the file's: text with a
+    punctuation mark before a newline run tokenizes differently from the repo tokenizer the
+    study's SFT trained with. "file" mode reads tokenizer.json as written: the same ids as the
+    repo tokenizer on every text here."""
+    from jaxrl_agent.pipelines import load_policy
+
+    skew = "FAILED test_x: assert [1, 2] == [1]\n  \n  At index 1 diff"
+    auto, file = load_tokenizer(SHIPPED_SFT), load_tokenizer(SHIPPED_SFT, mode="file")
+    assert type(auto.hf).__name__ == "Qwen2Tokenizer" and auto.encode(skew) != tok.encode(skew)
+    texts = [render_chat(c, t) for c in CONVERSATIONS for t in (None, TOOLS)] + [skew, BUGGY, '{"a": "b|c"}\n\n']
+    for text in texts:
+        assert file.encode(text) == tok.encode(text), text
+    assert (file.vocab_size, file.stop_ids, file.pad_id) == (tok.vocab_size, tok.stop_ids, tok.pad_id)
+    assert load_policy(SHIPPED_SFT, tokenizer="file")[1].encode(skew) == tok.encode(skew)
+    with pytest.raises(ValueError, match="tokenizer mode 'fast'"):
+        load_tokenizer(SHIPPED_SFT, mode="fast")
+
+
+def test_file_mode_needs_tokenizer_json(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="use mode 'auto'"):
+        load_tokenizer(str(tmp_path), mode="file")
