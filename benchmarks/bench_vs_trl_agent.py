@@ -147,7 +147,8 @@ class Agent:
         from jaxrl_agent.rollout import collect_episodes
 
         if sandbox.memo is not None:  # emptied per rollout: the RL loop draws new tasks each iteration,
-            sandbox.memo = CallMemo()  # so only the calls within one rollout share; this reuses the same six
+            # so only one rollout's calls share; this benchmark reruns the same tasks
+            sandbox.memo = CallMemo(sandbox.memo.max_entries)
         return collect_episodes(tasks, engine, self.chat, sandbox, replace(self.rollout_cfg, group_size=group),
                                 self.tool_cfg, seed=seed)
 

@@ -9,11 +9,21 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _bench(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ on the path for its sibling imports)."""
+    import sys
+
+    if os.path.join(ROOT, "benchmarks") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_tiny_iteration_side_by_side(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", os.path.join(ROOT, "benchmarks", "bench_vs_trl.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("bench_vs_trl")
     out = tmp_path / "vs_trl.json"
     res = bench.main(["--prompts=2", "--group=2", "--new=8", "--iterations=1", "--threads=1", f"--out={out}"])
     assert json.loads(out.read_text())["trl_best"] == "threads_1"
@@ -30,13 +40,7 @@ def test_tiny_agent_iteration_side_by_side(tmp_path):
     """The multi-turn workload: TRL's `rollout_func` runs our episode loop (tools, sandbox,
     verifier) on `TorchEngine`; both sides return whole episodes with their figures. At the
     study's settings: each side's own memoised sandbox, the 0.05 s test limit."""
-    import sys
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_vs_trl_agent",
-                                                  os.path.join(ROOT, "benchmarks", "bench_vs_trl_agent.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("bench_vs_trl_agent")
     res = bench.main(["--tasks=1", "--group=2", "--iterations=1", "--threads=1", "--settings=study",
                       f"--out={tmp_path / 'a.json'}"])
     assert res["config"]["settings"] == "study"
@@ -54,15 +58,9 @@ def test_torch_engine_rows_go_on_from_what_they_sampled():
     """TRL's side of the agent benchmark: a row's next turn sees its own earlier turn, as our
     engine's cache does (the rollout appends only observations). Without it every later turn
     was sampled after the observation with the call that caused it missing."""
-    import sys
-
     import transformers
 
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_vs_trl_agent",
-                                                  os.path.join(ROOT, "benchmarks", "bench_vs_trl_agent.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("bench_vs_trl_agent")
     from jaxrl_agent.config import SamplingConfig
 
     policy = os.path.join(ROOT, "jaxrl_agent", "assets", "demo_policy")
