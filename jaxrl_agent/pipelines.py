@@ -104,10 +104,11 @@ class PolicyConfig:
 
     path: str = DEMO_POLICY_DIR
     """HF checkpoint directory (the repo ships a tiny demo policy here)."""
-    tokenizer: str = "auto"
-    """How its tokenizer is read (`tokenizer.load_tokenizer`): "auto" (what transformers'
-    AutoTokenizer builds: Qwen2Tokenizer for our exports, whose pre-tokenizer is not the file's)
-    or "file" (tokenizer.json as written: the tokenizer the study's SFT trained with)."""
+    tokenizer: str = "file"
+    """How its tokenizer is read (`tokenizer.load_tokenizer`): "file" (tokenizer.json as
+    written: the tokenizer the policy trained with) or "auto" (what transformers' AutoTokenizer
+    builds: Qwen2Tokenizer for our exports, whose pre-tokenizer is not the file's; for
+    directories without tokenizer.json)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class EvalRunConfig:
 
 
 # ---- shared pieces ----
-def load_policy(path: str, tokenizer: str = "auto"):
+def load_policy(path: str, tokenizer: str = "file"):
     """(model, tokenizer) from an HF directory; a clear error when it is missing. The tokenizer
     is the directory's own when it has one (read in `tokenizer` mode, `load_tokenizer`), else
     the repo's tiny tokenizer (older exports); one with more ids than the model has embedding

@@ -149,14 +149,16 @@ def has_tokenizer_files(path: str) -> bool:
 TOKENIZER_MODES = ("auto", "file")
 
 
-def load_tokenizer(path: str | None = None, mode: str = "auto") -> Tokenizer:
+def load_tokenizer(path: str | None = None, mode: str = "file") -> Tokenizer:
     """Load a local HF tokenizer directory (default: the repo's tiny tokenizer).
 
-    `mode` "auto": what `AutoTokenizer` builds from the directory. For a directory whose
-    config.json says qwen2 (every exported policy) that is `Qwen2Tokenizer`, which replaces
-    tokenizer.json's pre-tokenizer with Qwen2's and adds an NFC normalizer: not the tokenizer
-    the study's SFT trained with (the repo's, as its file says; experiments/binary_search_rl/
-    README.md). "file": tokenizer.json as written (`PreTrainedTokenizerFast`)."""
+    `mode` "file" (default): tokenizer.json as written (`PreTrainedTokenizerFast`), so a
+    policy is served with the tokenizer it was trained with. "auto": what `AutoTokenizer`
+    builds from the directory. For a directory whose config.json says qwen2 (every exported
+    policy) that is `Qwen2Tokenizer`, which replaces tokenizer.json's pre-tokenizer with
+    Qwen2's and adds an NFC normalizer: not the tokenizer our SFT trained with (the repo's, as
+    its file says; experiments/binary_search_rl/README.md). For a real Qwen2 checkpoint the two
+    agree; "auto" is for directories with no tokenizer.json (slow tokenizers)."""
     path = path or DEFAULT_TOKENIZER_DIR
     if mode not in TOKENIZER_MODES:
         raise ValueError(f"tokenizer mode {mode!r}: one of {TOKENIZER_MODES}")
@@ -165,7 +167,7 @@ def load_tokenizer(path: str | None = None, mode: str = "auto") -> Tokenizer:
     if mode == "file":
         if not os.path.exists(os.path.join(path, "tokenizer.json")):
             raise FileNotFoundError(f"tokenizer mode 'file' reads {path}/tokenizer.json, which is missing: "
-                                    "use mode 'auto'")
+                                    "use mode 'auto' (--policy.tokenizer=auto) to let transformers build it")
         return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
     return Tokenizer(AutoTokenizer.from_pretrained(path))
 

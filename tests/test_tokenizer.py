@@ -382,18 +382,20 @@ def test_file_mode_is_the_tokenizer_sft_trained_with(tok):
     """An exported policy's directory (config.json says qwen2) read in "auto" mode is
     transformers' Qwen2Tokenizer, whose pre-tokenizer differs from the file's: text with a
     punctuation mark before a newline run tokenizes differently from the repo tokenizer the
-    study's SFT trained with. "file" mode reads tokenizer.json as written: the same ids as the
-    repo tokenizer on every text here."""
+    study's SFT trained with. "file" mode (the default) reads tokenizer.json as written: the
+    same ids as the repo tokenizer on every text here."""
     from jaxrl_agent.pipelines import load_policy
 
     skew = "FAILED test_x: assert [1, 2] == [1]\n  \n  At index 1 diff"
-    auto, file = load_tokenizer(SHIPPED_SFT), load_tokenizer(SHIPPED_SFT, mode="file")
+    auto, file = load_tokenizer(SHIPPED_SFT, mode="auto"), load_tokenizer(SHIPPED_SFT)
     assert type(auto.hf).__name__ == "Qwen2Tokenizer" and auto.encode(skew) != tok.encode(skew)
     texts = [render_chat(c, t) for c in CONVERSATIONS for t in (None, TOOLS)] + [skew, BUGGY, '{"a": "b|c"}\n\n']
     for text in texts:
         assert file.encode(text) == tok.encode(text), text
     assert (file.vocab_size, file.stop_ids, file.pad_id) == (tok.vocab_size, tok.stop_ids, tok.pad_id)
-    assert load_policy(SHIPPED_SFT, tokenizer="file")[1].encode(skew) == tok.encode(skew)
+    assert type(file.hf).__name__ != "Qwen2Tokenizer"
+    assert load_policy(SHIPPED_SFT)[1].encode(skew) == tok.encode(skew)
+    assert load_policy(SHIPPED_SFT, tokenizer="auto")[1].encode(skew) == auto.encode(skew)
     with pytest.raises(ValueError, match="tokenizer mode 'fast'"):
         load_tokenizer(SHIPPED_SFT, mode="fast")
 

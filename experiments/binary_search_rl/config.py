@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from jaxrl_agent.pipelines import TinyModelConfig
+from jaxrl_agent.tokenizer import TOKENIZER_MODES
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,11 @@ class StudyConfig:
     looping test, on the 2 cores the sampler needs too (`benchmarks/bench_rollout.py` for
     run_tests, `benchmarks/bench_verify_limit.py` for the verifier, whose default limit is 1 s:
     the canonical task's kind loops when submitted with its silent bug)."""
+    policy_tokenizer: str = "file"
+    """How the gate, the RL runs and the evaluations read an exported policy's tokenizer
+    (`jaxrl_agent.tokenizer.load_tokenizer`): "file", the tokenizer.json the demonstrations,
+    drills and SFT were tokenized with; "auto" reproduces the studies before that fix, served
+    with transformers' Qwen2Tokenizer (README.md here, "the tokenizer skew")."""
     work_dir: str = "runs/binary_search_rl"
     """Large artefacts: demonstrations, checkpoints, policies. Finished stages are reused
     from here when their config is unchanged (delete the directory to start over)."""
@@ -271,6 +277,10 @@ class StudyConfig:
     stages are skipped, so the success-only baseline has no row. E.g. the shipped
     `experiments/binary_search_rl/results/policies/sft`, which is what these stages make at the
     defaults: the RL half of the study then fits a 2-core session (README, where the time goes)."""
+
+    def __post_init__(self):  # checked before hours of SFT, not at the gate that reads it
+        if self.policy_tokenizer not in TOKENIZER_MODES:
+            raise ValueError(f"policy_tokenizer={self.policy_tokenizer!r}: one of {TOKENIZER_MODES}")
 
 
 CPU_PRESET = StudyConfig()

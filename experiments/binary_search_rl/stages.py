@@ -270,12 +270,13 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
     g = cfg.gate
     stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
+             "tokenizer": cfg.policy_tokenizer,
              "policy_mtime": policy_mtime(start["policy"]), "evaluation_code": code_fingerprint(evaluation)}
     done = cached(cfg, "gate", stamp)
     if done is not None:
         return done
     t0 = time.time()
-    model, tok = load_policy(start["policy"])
+    model, tok = load_policy(start["policy"], cfg.policy_tokenizer)
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
                                                   cache_size=RolloutConfig().max_total_tokens, seed=cfg.seed))
     summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, chat_format(cfg, tok), sandbox,
@@ -302,12 +303,13 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, algo:
     seed = cfg.seed if seed is None else seed
     run = {k: v for k, v in asdict(r).items() if k not in ("seeds", "second_algo")} | {"algo": algo}
     stamp = {"rl": run, "seed": seed, "shuffle": shuffle_rewards, "start": start["policy"],
-             "start_mtime": policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s}
+             "start_mtime": policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s,
+             "tokenizer": cfg.policy_tokenizer}
     done = cached(cfg, name, stamp)
     if done is not None:
         return done
     t0 = time.time()
-    model, tok = load_policy(start["policy"])
+    model, tok = load_policy(start["policy"], cfg.policy_tokenizer)
     run_dir = stage_dir(cfg, name)
     try:
         return _train(cfg, name, stamp, model, tok, run_dir, t0, shuffle_rewards, algo, seed)
@@ -376,13 +378,14 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
     is kept (ids + masks) for the rendered example trajectory."""
     stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
+             "tokenizer": cfg.policy_tokenizer,
              "policy_mtime": policy_mtime(policy), "passk": passk, "evaluation_code": code_fingerprint(evaluation)}
     key = f"eval_{name}"
     done = cached(cfg, key, stamp)
     if done is not None:
         return done
     t0 = time.time()
-    model, tok = load_policy(policy)
+    model, tok = load_policy(policy, cfg.policy_tokenizer)
     chat = chat_format(cfg, tok)
     rollout = rollout_config(cfg)
     engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
