@@ -1,6 +1,6 @@
 """How fast could a decode step be? The matmuls alone, against `generate`'s whole step.
 
-    python benchmarks/decode_matmul_floor.py [--batch 16] [--steps 256] [--repeats 3]
+    python benchmarks/decode_matmul_floor.py [--batch 16] [--steps 256] [--repeats 3] [--slots N]
 
 Same tiny Qwen2 as bench_sampling.py (hidden 256, MLP 1024, 4 layers, 8 heads / 2 KV heads,
 vocab 512), batch 16. One decode step multiplies the 16 current hidden rows by every weight
@@ -17,8 +17,9 @@ these two libraries' f32 matmul kernels could reach on this machine: attention, 
 writes and loop control all come on top. A second floor adds the one piece of that no sampler
 can skip: each layer's attention of the 16 queries over a cache of the benchmark's mean length
 (prompt + half the new tokens), written as two einsums and a softmax in each library. One more
-pass of the matmul-only JAX loop is traced, for the time of one weight-matmul kernel run there,
-the figure profile_decode.py gives inside the sampler's decode loop. Prints a table and writes
+pass of each JAX loop (matmuls only, matmuls with attention) is traced, for the time of one
+weight-matmul kernel run there, the figure profile_decode.py gives inside the sampler's decode
+loop: the attention loop's also reads every layer's cache, as the sampler does. Prints a table and writes
 benchmarks/results/decode_matmul_floor.json.
 """
 from __future__ import annotations
@@ -74,8 +75,9 @@ def attention_fns(caches, heads: int, lib):
     g, scale = heads // kv, 1.0 / dh ** 0.5
 
     def attend_jax(q, i):
-        s = jnp.einsum("bkgd,bkds->bkgs", q.reshape(b, kv, g, dh) * scale, kc[i])
-        return jnp.einsum("bkgs,bksd->bkgd", jax.nn.softmax(s, axis=-1), vc[i]).reshape(b, -1)
+        # the sampler's subscripts, so profile_decode.library_kernel_role names these kernels alike
+        s = jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kv, g, dh) * scale, kc[i])
+        return jnp.einsum("bkqs,bksd->bkqd", jax.nn.softmax(s, axis=-1), vc[i]).reshape(b, -1)
 
     def attend_torch(q, i):
         s = torch.matmul(q.reshape(b, kv, g, dh) * scale, kc[i].transpose(-1, -2))
@@ -86,9 +88,10 @@ def attention_fns(caches, heads: int, lib):
 
 def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int,
                          caches=None, heads: int = 0, trace: bool = False):
-    """Median seconds per step of the jitted loop; with `trace`, also the mean traced
-    microseconds of one weight-matmul kernel run in it (profile_decode.py's tracer, so the
-    figure compares with the per-run figure that script gives for the sampler's decode loop)."""
+    """Median seconds per step of the jitted loop; with `trace`, also one traced pass's figures
+    as profile_decode.py gives them for the sampler's decode loop (its tracer and kernel roles):
+    mean microseconds of one run by role, the weight matmuls' overlap with other kernels, and
+    the step's time with no, one, or several kernels running."""
     layers_j = jax.tree.map(jnp.asarray, layers)
     caches_j = None if caches is None else ([jnp.asarray(k.transpose(0, 1, 3, 2)) for k in caches[0]],
                                             [jnp.asarray(v) for v in caches[1]])
@@ -113,16 +116,19 @@ def jax_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: i
     seconds = float(np.median(times)) / steps
     if not trace:
         return seconds
-    from profile_decode import kernel_runs, library_kernel_role, op_names
+    from profile_decode import kernel_runs, library_kernel_role, occupancy, op_names, overlap
 
     names, trace_dir = op_names(run.lower(*args).compile().as_text()), tempfile.mkdtemp()
     jax.profiler.start_trace(trace_dir)
     jax.block_until_ready(run(*args))
     jax.profiler.stop_trace()
-    matmul = "weight matmuls (projections, MLP, unembedding)"
-    us = [t for n, t in kernel_runs(trace_dir, full_names=True)
-          if n.startswith("ynn_fusion") and library_kernel_role(names.get(n, "")) == matmul]
-    return seconds, float(np.mean(us))
+    by_role: dict[str, list[float]] = {}
+    for n, t in kernel_runs(trace_dir, full_names=True):
+        if n.startswith("ynn_fusion"):
+            by_role.setdefault(library_kernel_role(names.get(n, "")), []).append(t)
+    return seconds, {"us_per_run": {role: float(np.mean(us)) for role, us in sorted(by_role.items())},
+                     "weight_matmul_overlap": overlap(trace_dir, names),
+                     "occupancy_us_per_step": {k: v / steps for k, v in occupancy(trace_dir).items()}}
 
 
 def torch_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats: int, threads: int,
@@ -144,12 +150,26 @@ def torch_seconds_per_step(x0: np.ndarray, layers, unembed, steps: int, repeats:
     return float(np.median(times)) / steps
 
 
+def report_trace(label: str, traced: dict) -> None:
+    """Print one traced loop's figures in profile_decode.py's words."""
+    for role, us in traced["us_per_run"].items():
+        print(f"  {label}, traced: {role:48s} {us:6.1f} us per run")
+    ov, occ = traced["weight_matmul_overlap"], traced["occupancy_us_per_step"]
+    print(f"  {label}, traced: weight matmuls {100 * ov['overlapped_share']:.0f}% of their time beside another "
+          f"kernel; alone {ov['alone_mean_us']:.1f} us, beside another {ov['beside_another_mean_us']:.1f} us")
+    print(f"  {label}, traced, per step: {occ['span_us']:.0f} us, no kernel running {occ['idle_us']:.0f}, "
+          f"one {occ['one_kernel_us']:.0f}, two or more {occ['two_or_more_us']:.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=None,
+                    help="cache slots each layer's attention reads (default: the mean length, prompt + steps / 2; "
+                         "the sampler reads its whole attention window, 256 or 512 slots at the defaults)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "decode_matmul_floor.json"))
     args = ap.parse_args()
     hf_model = make_checkpoint(tempfile.mkdtemp())
@@ -170,19 +190,23 @@ def main() -> None:
             ts.append(time.perf_counter() - t0)
         gen[n] = float(np.median(ts)) / args.steps
     floor = {}
-    floor["jax"], traced_us = jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, trace=True)
+    floor["jax"], traced = jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, trace=True)
     for n in thread_counts:
         floor[f"torch_threads_{n}"] = torch_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, n)
     # With attention: every layer's queries over a cache of the benchmark's mean length (the
     # prompt plus half the new tokens), K and V random, grouped as in the model.
     cfg = hf_model.config
     kv, dh = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    slots = args.prompt + args.steps // 2
+    slots = args.slots or args.prompt + args.steps // 2
     rng = np.random.default_rng(1)
     caches = tuple([rng.normal(0, 1, (args.batch, kv, slots, dh)).astype(np.float32) for _ in layers]
                    for _ in range(2))
     heads = cfg.num_attention_heads
-    floor_attn = {"jax": jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats, caches, heads)}
+    # Traced as well: do the weight matmuls themselves slow down once each step also reads the
+    # caches (weights and caches together outgrow the shared L3 that holds the weights alone)?
+    floor_attn = {}
+    floor_attn["jax"], traced_attn = jax_seconds_per_step(x0, layers, unembed, args.steps, args.repeats,
+                                                             caches, heads, trace=True)
     for n in thread_counts:
         floor_attn[f"torch_threads_{n}"] = torch_seconds_per_step(
             x0, layers, unembed, args.steps, args.repeats, n, caches, heads)
@@ -194,11 +218,12 @@ def main() -> None:
         "generate_ms_per_step": {str(n): 1e3 * s for n, s in gen.items()},
         "matmul_only_ms_per_step": {k: 1e3 * v for k, v in floor.items()},
         "fastest_matmul_only": best,
-        "matmul_only_jax_traced_us_per_matmul": traced_us,
+        "matmul_only_jax_traced": traced,
         "max_speedup_vs_hf_generate": hf_step / floor[best],
         "step_budget_ms_for_5x": 1e3 * hf_step / 5,
         "matmul_attention_ms_per_step": {k: 1e3 * v for k, v in floor_attn.items()},
         "attention_slots": slots,
+        "matmul_attention_jax_traced": traced_attn,
         "fastest_matmul_attention": best_attn,
         "max_speedup_vs_hf_generate_with_attention": hf_step / floor_attn[best_attn],
         "setup": {"batch": args.batch, "prompt": args.prompt, "steps": args.steps, "repeats": args.repeats,
@@ -211,10 +236,10 @@ def main() -> None:
     for k, v in floor.items():
         print(f"matmuls only, {k:<16} {1e3 * v:.3f} ms per step")
     print(f"max_speedup_vs_hf_generate (matmuls only, {best}): {result['max_speedup_vs_hf_generate']:.2f}x")
-    print(f"one weight matmul in the jax loop, traced: {traced_us:.1f} us per run (profile_decode.py gives "
-          "the decode loop's)")
+    report_trace("matmuls only", traced)
     for k, v in floor_attn.items():
         print(f"matmuls + attention over {slots} slots, {k:<16} {1e3 * v:.3f} ms per step")
+    report_trace(f"matmuls + attention over {slots} slots", traced_attn)
     print(f"max_speedup_vs_hf_generate_with_attention ({best_attn}): "
           f"{result['max_speedup_vs_hf_generate_with_attention']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

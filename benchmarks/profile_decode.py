@@ -29,15 +29,70 @@ from jaxrl_agent.hf import load_pretrained
 from jaxrl_agent.sampling_engine import SamplingEngine
 
 _HOST_EVENTS = ("$", "Thunk", "np.", "Slinky", "Pjit", "end:")  # Python frames and runtime bookkeeping
+MATMUL = "weight matmuls (projections, MLP, unembedding)"  # a role of library_kernel_role
+
+
+def kernel_events(trace_dir: str) -> list[dict]:
+    """Every XLA kernel run in the trace under `trace_dir`: its trace event (name, ts, dur, tid)."""
+    path = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))[-1]
+    events = json.load(gzip.open(path))["traceEvents"]
+    return [e for e in events if e.get("ph") == "X" and e.get("name") and not e["name"].startswith(_HOST_EVENTS)]
 
 
 def kernel_runs(trace_dir: str, full_names: bool = False) -> list[tuple[str, float]]:
     """(kernel kind, microseconds) of every XLA kernel run in the trace under `trace_dir`;
     with `full_names` the instruction name (e.g. "ynn_fusion.95") instead of its kind."""
-    path = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))[-1]
-    events = json.load(gzip.open(path))["traceEvents"]
     return [(e["name"] if full_names else re.sub(r"[.\d]+$", "", e["name"]), float(e.get("dur", 0.0)))
-            for e in events if e.get("ph") == "X" and e.get("name") and not e["name"].startswith(_HOST_EVENTS)]
+            for e in kernel_events(trace_dir)]
+
+
+def overlap(trace_dir: str, names: dict[str, str], role: str = MATMUL) -> dict[str, float]:
+    """How much of the `role` kernels' traced time another kernel ran beside them.
+
+    XLA:CPU runs independent kernels at once (q, k and v projections, gate and up), one per
+    thread, so a traced run that shares the two cores lasts longer than the kernel alone would:
+    its duration is not the kernel's own cost. Returns the runs' mean microseconds, the share
+    of their time some kernel on another thread overlapped, and the mean of the runs with
+    under 5% overlap ("alone") and of the others ("beside another")."""
+    events = sorted((e for e in kernel_events(trace_dir) if not e["name"].startswith("while")),
+                    key=lambda e: e["ts"])
+    starts = np.array([e["ts"] for e in events])
+    longest = max((e["dur"] for e in events), default=0.0)
+    durs, shared = [], []
+    for e in events:
+        if not (e["name"].startswith("ynn_fusion") and library_kernel_role(names.get(e["name"], "")) == role):
+            continue
+        a, b, o = e["ts"], e["ts"] + e["dur"], 0.0
+        for f in events[np.searchsorted(starts, a - longest):]:
+            if f["ts"] > b:
+                break
+            if f["tid"] != e["tid"]:
+                o += max(0.0, min(b, f["ts"] + f["dur"]) - max(a, f["ts"]))
+        durs.append(e["dur"])
+        shared.append(min(1.0, o / max(e["dur"], 1e-9)))
+    d, sh = np.array(durs, float), np.array(shared, float)
+    alone = sh < 0.05
+    return {"runs": len(d), "mean_us": float(d.mean()), "overlapped_share": float((sh * d).sum() / d.sum()),
+            "alone_runs": int(alone.sum()), "alone_mean_us": float(d[alone].mean()) if alone.any() else float("nan"),
+            "beside_another_mean_us": float(d[~alone].mean()) if (~alone).any() else float("nan")}
+
+
+def occupancy(trace_dir: str) -> dict[str, float]:
+    """Microseconds of the traced span (first kernel start to last kernel end) during which no
+    kernel ran ("idle": the runtime between kernels), exactly one, and two or more at once
+    (loop and conditional containers left out: they span their bodies)."""
+    edges = []
+    for e in kernel_events(trace_dir):
+        if not e["name"].startswith(("while", "conditional")):
+            edges += [(e["ts"], 1), (e["ts"] + e["dur"], -1)]
+    edges.sort()
+    spent = {0: 0.0, 1: 0.0, 2: 0.0}
+    level, last = 0, edges[0][0]
+    for t, step in edges:
+        spent[min(level, 2)] += t - last
+        level, last = level + step, t
+    return {"span_us": edges[-1][0] - edges[0][0], "idle_us": spent[0], "one_kernel_us": spent[1],
+            "two_or_more_us": spent[2]}
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
@@ -56,7 +111,7 @@ def library_kernel_role(op: str) -> str:
     if op.startswith("bkqs,bksd->bkqd"):
         return "attention values (p . v over the window)"
     if op.endswith("dot_general"):
-        return "weight matmuls (projections, MLP, unembedding)"
+        return MATMUL
     if op.startswith("reduce"):
         return "reductions (RMSNorm, softmax, sampling)"
     return "other"
@@ -112,6 +167,8 @@ def main() -> None:
                     for k, v in sorted(by_kind.items(), key=lambda kv: -sum(kv[1]))},
         "ynn_fusion_by_role": {k: {"share": sum(v) / total, "runs_per_step": len(v) / N,
                                    "mean_us": sum(v) / max(1, len(v))} for k, v in sorted(by_library.items())},
+        "weight_matmul_overlap": overlap(trace_dir, names),
+        "occupancy_us_per_step": {k: v / N for k, v in occupancy(trace_dir).items()},
         "setup": {"batch": B, "prompt": P, "new_tokens": N, "jax": jax.__version__},
     }
     print(f"decode step: {step_ms:.2f} ms (untraced), {result['kernel_runs_per_step']:.0f} kernel runs per step, "
@@ -122,6 +179,12 @@ def main() -> None:
     print(f"{'ynn_fusion kernels by role':48s} {'share':>7s} {'runs/step':>10s} {'us/run':>8s}")
     for role, row in result["ynn_fusion_by_role"].items():
         print(f"{role:48s} {100 * row['share']:6.1f}% {row['runs_per_step']:10.1f} {row['mean_us']:8.1f}")
+    ov, occ = result["weight_matmul_overlap"], result["occupancy_us_per_step"]
+    print(f"weight matmuls: {ov['mean_us']:.1f} us a run, {100 * ov['overlapped_share']:.0f}% of their time beside "
+          f"another kernel; alone {ov['alone_mean_us']:.1f} us ({ov['alone_runs']} runs), beside another "
+          f"{ov['beside_another_mean_us']:.1f} us")
+    print(f"per step (traced turn, prefill included): {occ['span_us']:.0f} us, no kernel running "
+          f"{occ['idle_us']:.0f}, one {occ['one_kernel_us']:.0f}, two or more {occ['two_or_more_us']:.0f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

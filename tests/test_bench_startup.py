@@ -1,20 +1,14 @@
 """benchmarks/bench_startup.py's split of the wait, from a run's metrics.jsonl as the killed
 demo leaves it (the timed runs themselves are the benchmark's, not a test's)."""
-import importlib.util
 import json
-import os
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench_modules import load
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_startup", os.path.join(ROOT, "benchmarks", "bench_startup.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("bench_startup")
 
 
 def test_split_reads_iteration_one_and_leaves_the_rest(bench, tmp_path):

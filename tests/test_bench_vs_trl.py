@@ -1,24 +1,11 @@
 """benchmarks/bench_vs_trl.py at toy sizes: both sides run the same prompt ids on the same
 weights (the checks the benchmark's ratios stand on), and every figure it reports exists."""
-import importlib.util
 import json
 import os
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _bench(name: str):
-    """benchmarks/<name>.py as a module (benchmarks/ on the path for its sibling imports)."""
-    import sys
-
-    if os.path.join(ROOT, "benchmarks") not in sys.path:
-        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_modules import ROOT
+from bench_modules import load as _bench
 
 
 @pytest.mark.slow
