@@ -50,7 +50,8 @@ def former_generate_fn(model, config):
     graphdef, _ = nnx.split(model)
 
     @partial(jax.jit, donate_argnums=(1, 2))
-    def fn(state, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids):
+    def fn(state, cache, logits, rows, base_seed, episode_seeds, active, max_new, stop_ids):
+        del rows  # the engine below decodes every call on all B rows (decode_row_buckets=(B,))
         return generate(nnx.merge(graphdef, state), cache, logits, base_seed, episode_seeds, active, max_new, stop_ids,
                         config=config, skip_empty_windows=False)
     return fn
@@ -66,19 +67,20 @@ def main() -> None:
     cfg = StudyConfig()
     model, tok = load_policy(args.policy)
     rollout = rollout_config(cfg, group_size=8)
+    # every decode call on all rows, as the former loop does: this compares the windows alone
     sampling = agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                              cache_size=rollout.max_total_tokens)
+                              cache_size=rollout.max_total_tokens, decode_row_buckets=(ENGINE_ROWS,))
     engine = SamplingEngine(model, sampling)
     loops = {"skip": engine._generate_fn, "former": former_generate_fn(model, sampling)}
     b = sampling.batch_size
-    seeds, active = np.arange(b, dtype=np.int32), np.ones(b, bool)
+    seeds, active, all_rows = np.arange(b, dtype=np.int32), np.ones(b, bool), np.arange(b, dtype=np.int32)
     budget, stop = np.full(b, 16, np.int32), np.full((b, sampling.max_stop_tokens), -1, np.int32)
 
     def call(name, length):
         engine.cache = engine.cache.replace(lengths=jnp.full((b,), length, jnp.int32))
         t0 = time.perf_counter()
-        out, engine.cache, engine.logits = loops[name](engine.state, engine.cache, engine.logits, engine._base_seed,
-                                                       seeds, active, budget, stop)
+        out, engine.cache, engine.logits = loops[name](engine.state, engine.cache, engine.logits, all_rows,
+                                                       engine._base_seed, seeds, active, budget, stop)
         out = jax.device_get(out)
         return time.perf_counter() - t0, np.asarray(out.tokens)
 

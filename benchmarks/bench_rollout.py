@@ -23,9 +23,13 @@ tasks and seeds, alternated repeat by repeat:
   decode 16 steps per engine call and a row whose turn ended goes to its tools at once,
   instead of every row of a turn waiting for the longest one (the settings above decode
   whole turns, `decode_chunk=0`);
-- `row_flush_t0.05_rows16_chunk16_shared`: the rollout now, plus prompt prefixes copied from
-  a row's cache (`SamplingConfig.share_prefix_min=32`: a group's 8 episodes share their
-  prompt, all episodes the system prompt) instead of prefilled (the settings above: 0).
+- `row_flush_t0.05_rows16_chunk16_shared`: plus prompt prefixes copied from a row's cache
+  (`SamplingConfig.share_prefix_min=32`: a group's 8 episodes share their prompt, all
+  episodes the system prompt) instead of prefilled (the settings above: 0);
+- `row_flush_t0.05_rows16_chunk16_shared_decode_rows`: the rollout now, plus decode calls on
+  just the rows in a turn, gathered into a decode row bucket of 4, 8 or 16
+  (`SamplingConfig.decode_row_buckets`, default) instead of on all 16 rows (the settings
+  above).
 
 Episodes differ between the two limits only where a test timed out (its message quotes the
 limit). Prints seconds per rollout, where the time went and each ratio to the first setting;
@@ -54,14 +58,15 @@ from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat
 
 SETTINGS = {  # name: (flush, test CPU limit s, engine rows, verify's hidden-test run, decode chunk,
-    #                 shared prompt prefixes)
-    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32, "judge", 0, False),
-    "row_flush_t0.5_rows32": ("rows", 0.5, 32, "judge", 0, False),
-    "row_flush_t0.05_rows32": ("rows", 0.05, 32, "judge", 0, False),
-    "row_flush_t0.05_rows16": ("rows", 0.05, 16, "judge", 0, False),
-    "row_flush_t0.05_rows16_in_process_verify": ("rows", 0.05, 16, "in_process", 0, False),
-    "row_flush_t0.05_rows16_chunk16": ("rows", 0.05, 16, "judge", 16, False),
-    "row_flush_t0.05_rows16_chunk16_shared": ("rows", 0.05, 16, "judge", 16, True),
+    #                 shared prompt prefixes, decode calls on all rows or on the rows in a turn)
+    "whole_batch_flush_t0.5_rows32": ("whole_batch", 0.5, 32, "judge", 0, False, "all"),
+    "row_flush_t0.5_rows32": ("rows", 0.5, 32, "judge", 0, False, "all"),
+    "row_flush_t0.05_rows32": ("rows", 0.05, 32, "judge", 0, False, "all"),
+    "row_flush_t0.05_rows16": ("rows", 0.05, 16, "judge", 0, False, "all"),
+    "row_flush_t0.05_rows16_in_process_verify": ("rows", 0.05, 16, "in_process", 0, False, "all"),
+    "row_flush_t0.05_rows16_chunk16": ("rows", 0.05, 16, "judge", 16, False, "all"),
+    "row_flush_t0.05_rows16_chunk16_shared": ("rows", 0.05, 16, "judge", 16, True, "all"),
+    "row_flush_t0.05_rows16_chunk16_shared_decode_rows": ("rows", 0.05, 16, "judge", 16, True, "turn"),
 }
 
 
@@ -117,9 +122,10 @@ def main() -> None:
     tasks = generate_tasks("train", args.tasks, 123)
     rollout = RolloutConfig(group_size=args.group)
     engines = {}
-    for name, (flush, _, rows, _, _, shared) in settings.items():
+    for name, (flush, _, rows, _, _, shared, decode) in settings.items():
         eng = SamplingEngine(model, agent_sampling(batch_size=rows, stop_token_ids=tuple(tok.stop_ids), seed=0,
-                                                   share_prefix_min=32 if shared else 0))
+                                                   share_prefix_min=32 if shared else 0,
+                                                   decode_row_buckets=(rows,) if decode == "all" else ()))
         if flush == "whole_batch":
             eng.flush = (lambda e: lambda: whole_batch_flush(e))(eng)
         engines[name] = eng
@@ -141,7 +147,9 @@ def main() -> None:
             names = list(settings) if rep % 2 == 0 else list(settings)[::-1]
             for name in names:
                 use_verify(name)
-                t0, steps0, prefilled0 = time.perf_counter(), engines[name].decode_steps, engines[name].tokens_prefilled
+                eng = engines[name]
+                t0, steps0, prefilled0 = time.perf_counter(), eng.decode_steps, eng.tokens_prefilled
+                row_steps0 = eng.decode_row_steps
                 eps, stats = collect_episodes(tasks, engines[name], chat, sandbox,
                                               replace(rollout, decode_chunk=settings[name][4]),
                                               ToolConfig(test_timeout_s=settings[name][1]), seed=7)
@@ -149,6 +157,7 @@ def main() -> None:
                 parts[name].append({"sampling_s": stats.seconds_sampling, "tools_s_summed": stats.seconds_tools,
                                     "verify_s_summed": stats.seconds_verify, "tokens_sampled": stats.tokens_sampled,
                                     "decode_steps": engines[name].decode_steps - steps0,
+                                    "decode_row_steps": engines[name].decode_row_steps - row_steps0,
                                     "tokens_prefilled": engines[name].tokens_prefilled - prefilled0, "engine_calls": stats.engine_calls,
                                     "success": float(np.mean([e.reward for e in eps]))})
     verifier._run_hidden = judged_run

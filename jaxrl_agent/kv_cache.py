@@ -115,32 +115,42 @@ def write_slots(layer_kv: jax.Array, slots: jax.Array, new: jax.Array, layer: ja
     return layer_kv.at[index].set(new.astype(layer_kv.dtype), mode="drop")
 
 
-def window(cache: KVCache, w: int) -> KVCache:
-    """The first `w` slots of every row (static `w <= S`): a cache of capacity w, copied once.
+def window(cache: KVCache, w: int, rows: jax.Array | None = None) -> KVCache:
+    """The first `w` slots (static `w <= S`) of rows `rows` `[R]` (all rows when None): a cache
+    of R rows and capacity w, copied once.
 
     The decode loop runs on this view while every live row's length stays below w, so each
-    step's attention reads w slots without slicing (and copying) the full cache per step;
-    `put_window` writes the view back when the loop ends.
+    step's attention reads w slots without slicing (and copying) the full cache per step, and
+    runs on the R rows that decode rather than all B; `put_window` writes the view back when
+    the loop ends.
     """
-    if w >= cache.capacity:
+    if rows is None and w >= cache.capacity:
         return cache
-    cut_k = lambda a: a[..., :w]  # noqa: E731 - keys: slots last
-    cut_v = lambda a: a[..., :w, :]  # noqa: E731 - values: slots before Dh
-    k = tuple(map(cut_k, cache.k)) if cache.per_layer else cut_k(cache.k)
-    v = tuple(map(cut_v, cache.v)) if cache.per_layer else cut_v(cache.v)
-    return KVCache(k=k, v=v, lengths=cache.lengths)
+    k_at, v_at = _window_index(cache, w, rows)
+    k = tuple(a[k_at] for a in cache.k) if cache.per_layer else cache.k[k_at]
+    v = tuple(a[v_at] for a in cache.v) if cache.per_layer else cache.v[v_at]
+    return KVCache(k=k, v=v, lengths=cache.lengths if rows is None else cache.lengths[rows])
 
 
-def put_window(cache: KVCache, view: KVCache) -> KVCache:
-    """`cache` with its first `view.capacity` slots and its lengths replaced by `view`'s."""
+def put_window(cache: KVCache, view: KVCache, rows: jax.Array | None = None) -> KVCache:
+    """`cache` with the first `view.capacity` slots and the lengths of rows `rows` (distinct;
+    all rows when None) replaced by `view`'s."""
     w = view.capacity
-    if w >= cache.capacity:
+    if rows is None and w >= cache.capacity:
         return view
-    put_k = lambda a, b: a.at[..., :w].set(b)  # noqa: E731
-    put_v = lambda a, b: a.at[..., :w, :].set(b)  # noqa: E731
-    k = tuple(map(put_k, cache.k, view.k)) if cache.per_layer else put_k(cache.k, view.k)
-    v = tuple(map(put_v, cache.v, view.v)) if cache.per_layer else put_v(cache.v, view.v)
-    return KVCache(k=k, v=v, lengths=view.lengths)
+    k_at, v_at = _window_index(cache, w, rows)
+    k = tuple(a.at[k_at].set(b) for a, b in zip(cache.k, view.k)) if cache.per_layer else cache.k.at[k_at].set(view.k)
+    v = tuple(a.at[v_at].set(b) for a, b in zip(cache.v, view.v)) if cache.per_layer else cache.v.at[v_at].set(view.v)
+    return KVCache(k=k, v=v, lengths=view.lengths if rows is None else cache.lengths.at[rows].set(view.lengths))
+
+
+def _window_index(cache: KVCache, w: int, rows: jax.Array | None) -> tuple[tuple, tuple]:
+    """Index tuples of (rows, first w slots) into one key array and one value array."""
+    r, all_ = slice(None) if rows is None else rows, slice(None)
+    k_at, v_at = (r, all_, all_, slice(0, w)), (r, all_, slice(0, w), all_)  # keys: slots last
+    if not cache.per_layer:  # stacked [L, B, ...]
+        k_at, v_at = (all_, *k_at), (all_, *v_at)
+    return k_at, v_at
 
 
 def cached_attention_mask(slots: jax.Array, capacity: int) -> jax.Array:

@@ -215,6 +215,7 @@ def generate(
     *,
     config: SamplingConfig,
     skip_empty_windows: bool = True,
+    rows: jax.Array | None = None,
 ) -> tuple[TurnOutput, KVCache, jax.Array]:
     """Sample one turn for every active row with a `lax.while_loop` over decode steps.
 
@@ -239,15 +240,23 @@ def generate(
       skip_empty_windows: skip a window no live row fits in (its loop would run no step);
         False copies every window in and out, the former loop (kept for
         benchmarks/bench_decode_windows.py).
+      rows: int32 `[R]` distinct rows to decode (`generate_rows`); the window copies gather
+        them, so the loop runs on R rows; None: all B.
     Returns:
       (TurnOutput with `[B, N]` tokens and log-probs, the new cache, the new logits `[B, V]`).
     """
-    b, n = logits.shape[0], config.max_new_tokens
+    whole_b, whole_logits, n = logits.shape[0], logits, config.max_new_tokens
+    if rows is not None:
+        logits, episode_seeds, active, max_new, stop_ids = (
+            logits[rows], episode_seeds[rows], active[rows], max_new[rows], stop_ids[rows])
+    b = logits.shape[0]
 
-    def cond(carry, window):
+    def cond(carry, window, whole=False):
         step, cache, _, done, *_ = carry
+        # `whole`: the carry holds the whole cache (between windows), not a loop's rows.
+        lengths = cache.lengths[rows] if whole and rows is not None else cache.lengths
         # The next step writes slot lengths[b] of every live row: it must lie inside the window.
-        fits = jnp.max(jnp.where(done, 0, cache.lengths)) < window
+        fits = jnp.max(jnp.where(done, 0, lengths)) < window
         return (step < n) & ~jnp.all(done) & fits
 
     def body(carry, window):
@@ -275,9 +284,9 @@ def generate(
 
     def windowed_loop(carry, window):
         full = carry[1]
-        carry = (carry[0], kv_cache.window(full, window), *carry[2:])
+        carry = (carry[0], kv_cache.window(full, window, rows), *carry[2:])
         carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
-        return (carry[0], kv_cache.put_window(full, carry[1]), *carry[2:])
+        return (carry[0], kv_cache.put_window(full, carry[1], rows), *carry[2:])
 
     carry = init
     # One loop per window, narrowest first: each runs until a live row outgrows its window (or
@@ -287,15 +296,52 @@ def generate(
     # window no live row fits in (late in an episode) is skipped, copies included: its loop
     # would run no step, and the copy out would only write back what the copy in read.
     for window in decode_windows(cache.capacity, config.decode_window):
-        if window >= cache.capacity:  # the whole cache: no copy to skip
+        if window >= cache.capacity and rows is None:  # the whole cache: no copy to skip
             carry = jax.lax.while_loop(partial(cond, window=window), partial(body, window=None), carry)
         elif not skip_empty_windows:
             carry = windowed_loop(carry, window)
         else:
-            carry = jax.lax.cond(cond(carry, window), partial(windowed_loop, window=window), lambda c: c, carry)
-    _, cache, logits, _, num_new, stopped, out_tok, out_lp, out_slp = carry
+            carry = jax.lax.cond(cond(carry, window, whole=True), partial(windowed_loop, window=window),
+                                 lambda c: c, carry)
+    _, cache, logits_r, _, num_new, stopped, out_tok, out_lp, out_slp = carry
     out = TurnOutput(tokens=out_tok, logp=out_lp, sample_logp=out_slp, num_new=num_new, stopped=stopped)
-    return out, cache, logits
+    if rows is None:
+        return out, cache, logits_r
+    out = TurnOutput(  # back to the whole batch: the other rows sampled nothing
+        tokens=jnp.full((whole_b, n), PAD_ID, jnp.int32).at[rows].set(out.tokens),
+        logp=jnp.zeros((whole_b, n), jnp.float32).at[rows].set(out.logp),
+        sample_logp=jnp.zeros((whole_b, n), jnp.float32).at[rows].set(out.sample_logp),
+        num_new=jnp.zeros((whole_b,), jnp.int32).at[rows].set(out.num_new),
+        stopped=jnp.zeros((whole_b,), bool).at[rows].set(out.stopped),
+    )
+    return out, cache, whole_logits.at[rows].set(logits_r)
+
+
+def generate_rows(
+    model: CausalLM, cache: KVCache, logits: jax.Array, rows: jax.Array, base_seed: jax.Array,
+    episode_seeds: jax.Array, active: jax.Array, max_new: jax.Array, stop_ids: jax.Array, *,
+    config: SamplingConfig,
+) -> tuple[TurnOutput, KVCache, jax.Array]:
+    """`generate` on R of the B rows: each window's copy gathers their slots, the loop decodes
+    them, and the copy back scatters them (the last window, the whole cache, is copied too).
+
+    A decode step's cost grows with the rows it runs (benchmarks/profile_decode.py --batch),
+    and in an agent rollout most of the B rows are at their tools or between turns at any
+    moment; running the loop on the R rows in a turn costs what they decode. Each row's
+    tokens are the same as in the whole batch: its sampling keys depend on its seed and
+    position only, and no row's logits read another row.
+
+    Args:
+      rows: int32 `[R]` distinct row indices holding every active row (the others among them
+        stand still); R == B: all rows, and `rows` is ignored.
+      cache, logits, episode_seeds, active, max_new, stop_ids: the whole batch, as in `generate`.
+    Returns:
+      as `generate`, for the whole batch: rows outside `rows` sampled nothing and are unchanged.
+    """
+    if rows.shape[0] == logits.shape[0]:
+        rows = None
+    return generate(model, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids, config=config,
+                    rows=rows)
 
 
 # ---- jitted entry points over a split model ----
@@ -310,10 +356,11 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
 
     Returns:
       (prefill_fn(state, cache, logits, rows [R], tokens [R, T], valid [R, T], reset [R]) -> (cache, logits),
-       generate_fn(state, cache, logits, base_seed, episode_seeds [B], active [B], max_new [B],
+       generate_fn(state, cache, logits, rows [R], base_seed, episode_seeds [B], active [B], max_new [B],
                    stop_ids [B, M]) -> (TurnOutput, cache, logits)).
-      R and T are whatever row count and chunk length are passed (`prefill_rows`): one
-      compilation per distinct (R, T) (the engine passes only bucket sizes).
+      R and T are whatever row count and chunk length are passed (`prefill_rows`,
+      `generate_rows`): one compilation per distinct (R, T) and per decode R (the engine
+      passes only bucket sizes).
     """
 
     @partial(jax.jit, donate_argnums=(1, 2))
@@ -321,9 +368,8 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
         return prefill_rows(nnx.merge(graphdef, state), cache, logits, rows, tokens, valid, reset)
 
     @partial(jax.jit, donate_argnums=(1, 2))
-    def generate_fn(state, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids):
-        return generate(
-            nnx.merge(graphdef, state), cache, logits, base_seed, episode_seeds, active, max_new, stop_ids, config=config
-        )
+    def generate_fn(state, cache, logits, rows, base_seed, episode_seeds, active, max_new, stop_ids):
+        return generate_rows(nnx.merge(graphdef, state), cache, logits, rows, base_seed, episode_seeds, active,
+                             max_new, stop_ids, config=config)
 
     return prefill_fn, generate_fn

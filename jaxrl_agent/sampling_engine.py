@@ -22,8 +22,10 @@ their next turn, so the decode loop runs on rows mid-turn rather than on a turn'
 Text staged by `start_episode` / `append` is prefilled lazily by the next `advance` (or
 `flush`): one prefill call per bucket length in use, each on just the rows whose chunk needs
 that bucket (padded to a row bucket), so a flush costs what was staged, not B rows of the
-longest chunk. Only bucketed shapes ever reach the compiled functions: one prefill per (row
-bucket, length bucket) and one decode loop, so after `warmup` a whole multi-turn rollout (and
+longest chunk. A decode call likewise runs on the rows in a turn, gathered into the smallest
+decode row bucket that holds them. Only bucketed shapes ever reach the compiled functions: one
+prefill per (row bucket, length bucket) and one decode loop per decode row bucket, so after
+`warmup` a whole multi-turn rollout (and
 every later iteration with new params) compiles nothing. Bad input raises a ValueError at the
 call that caused it, before any state changes.
 """
@@ -81,6 +83,7 @@ class SamplingEngine:
         self.logits = jnp.zeros((b, self.vocab_size), jnp.float32)
         self.buckets = tuple(sorted(config.prefill_buckets))
         self.row_buckets = _row_buckets(config)
+        self.decode_row_buckets = _row_buckets(config, decode=True)
         self._base_seed = np.uint32(config.seed % 2**32)
         # ---- host mirror: what each row holds and what is staged for it ----
         self._tokens: list[list[int]] = [[] for _ in range(b)]  # ids in the cache (+ staged)
@@ -106,7 +109,8 @@ class SamplingEngine:
         self.tokens_prefill_padded = 0
         self.tokens_decoded = 0
         self.tokens_shared = 0  # prompt tokens copied from a cached prefix instead of prefilled
-        self.decode_steps = 0  # decode loop iterations (each runs the model on all B rows)
+        self.decode_steps = 0  # decode loop iterations
+        self.decode_row_steps = 0  # rows the decode loops ran, summed over their steps (padding included)
 
     # ---- params ----
 
@@ -302,14 +306,17 @@ class SamplingEngine:
         room = cfg.cache_size - np.array([len(t) for t in self._tokens])  # free slots per row
         left = self._turn_n - np.array([len(o[0]) if o else 0 for o in self._turn_out])
         budget = np.where(in_turn, np.minimum(np.minimum(left, room), max_steps), 0).astype(np.int32)  # [B]
-        if (in_turn & (budget > 0)).any():
+        sampling = in_turn & (budget > 0)
+        if sampling.any():
+            rows = self._decode_rows(sampling)
             out, self.cache, self.logits = self._generate_fn(
-                self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), in_turn & (budget > 0),
+                self.state, self.cache, self.logits, rows, self._base_seed, self._seeds.copy(), sampling,
                 budget, self._stop.copy(),
             )
             out = jax.device_get(out)
             num_new, stopped = np.asarray(out.num_new), np.asarray(out.stopped)
             self.decode_steps += int(num_new.max())
+            self.decode_row_steps += int(num_new.max()) * len(rows)
         else:  # every turn in progress is out of room: they end "cache_full" without a step
             out, num_new, stopped = None, np.zeros(cfg.batch_size, np.int32), np.zeros(cfg.batch_size, bool)
         n = cfg.max_new_tokens
@@ -345,8 +352,8 @@ class SamplingEngine:
         return [int(b) for b in np.flatnonzero(self._in_turn)]
 
     def warmup(self) -> None:
-        """Compile the prefill of every (row bucket, length bucket) and the decode loop without
-        changing any row."""
+        """Compile the prefill of every (row bucket, length bucket) and the decode loop of every
+        decode row bucket without changing any row."""
         b = self.config.batch_size
         for r in self.row_buckets:
             rows = np.arange(r, dtype=np.int32)
@@ -357,14 +364,15 @@ class SamplingEngine:
         rows = np.arange(b, dtype=np.int32)
         self.cache = self._copy_fn(self.cache, rows, np.full(b, -1, np.int32))  # every row keeps its cache
         none = np.zeros(b, bool)
-        _, self.cache, self.logits = self._generate_fn(
-            self.state, self.cache, self.logits, self._base_seed, self._seeds.copy(), none, np.zeros(b, np.int32),
-            self._stop.copy(),
-        )
+        for r in self.decode_row_buckets:
+            _, self.cache, self.logits = self._generate_fn(
+                self.state, self.cache, self.logits, rows[:r], self._base_seed, self._seeds.copy(), none,
+                np.zeros(b, np.int32), self._stop.copy(),
+            )
 
     def num_compiled(self) -> int:
         """Compiled variants of the prefill, decode and prefix-copy functions so far (one per
-        (row bucket, length bucket) used, + 2)."""
+        (row bucket, length bucket) used, one per decode row bucket used, + 1)."""
         return self._prefill_fn._cache_size() + self._generate_fn._cache_size() + self._copy_fn._cache_size()
 
     def _shared_prefix(self, prompt: list[int], row: int) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -422,6 +430,15 @@ class SamplingEngine:
                 f"largest bucket {self.buckets[-1]} (config.prefill_buckets={self.buckets})"
             )
 
+    def _decode_rows(self, sampling: np.ndarray) -> np.ndarray:
+        """The rows of one decode call: every sampling row, then rows that stand still up to the
+        smallest decode row bucket that holds them (all B rows when that is B)."""
+        live = np.flatnonzero(sampling)
+        r = next(n for n in self.decode_row_buckets if n >= len(live))
+        if r == self.config.batch_size:
+            return np.arange(r, dtype=np.int32)
+        return np.concatenate([live, np.flatnonzero(~sampling)[: r - len(live)]]).astype(np.int32)
+
     def _stop_row(self, stop_ids: Sequence[int]) -> np.ndarray:
         ids = self._check_ids(stop_ids, "stop_ids")
         if len(ids) > self.config.max_stop_tokens:
@@ -431,10 +448,11 @@ class SamplingEngine:
         return row
 
 
-def _row_buckets(cfg: SamplingConfig) -> tuple[int, ...]:
-    """The allowed row counts of a prefill call, ascending, always ending with B."""
+def _row_buckets(cfg: SamplingConfig, decode: bool = False) -> tuple[int, ...]:
+    """The allowed row counts of a prefill call (of a decode call with `decode`), ascending,
+    always ending with B."""
     b = cfg.batch_size
-    given = cfg.prefill_row_buckets or (-(-b // 4), -(-b // 2))
+    given = (decode and cfg.decode_row_buckets) or cfg.prefill_row_buckets or (-(-b // 4), -(-b // 2))
     return tuple(sorted(set(given) | {b}))
 
 
@@ -451,8 +469,9 @@ def _check_config(cfg: SamplingConfig, vocab_size: int) -> None:
         problems.append("batch_size, cache_size and max_new_tokens must be >= 1")
     if not cfg.prefill_buckets or min(cfg.prefill_buckets) < 1:
         problems.append(f"prefill_buckets={cfg.prefill_buckets} must be non-empty positive lengths")
-    if any(not 1 <= r <= cfg.batch_size for r in cfg.prefill_row_buckets):
-        problems.append(f"prefill_row_buckets={cfg.prefill_row_buckets} must lie in [1, batch_size={cfg.batch_size}]")
+    for name in ("prefill_row_buckets", "decode_row_buckets"):
+        if any(not 1 <= r <= cfg.batch_size for r in getattr(cfg, name)):
+            problems.append(f"{name}={getattr(cfg, name)} must lie in [1, batch_size={cfg.batch_size}]")
     if len(cfg.stop_token_ids) > cfg.max_stop_tokens:
         problems.append(f"{len(cfg.stop_token_ids)} stop_token_ids exceed max_stop_tokens={cfg.max_stop_tokens}")
     if any(not 0 <= t < vocab_size for t in cfg.stop_token_ids):

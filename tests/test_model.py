@@ -201,6 +201,41 @@ def test_cache_window_view_round_trips(per_layer):
         np.testing.assert_array_equal(new[..., 5:, :], old[..., 5:, :])
 
 
+@pytest.mark.parametrize("per_layer", [True, False])
+@pytest.mark.parametrize("w", [5, 8])
+def test_cache_window_of_some_rows_round_trips(per_layer, w):
+    """`window(cache, w, rows)` is rows `rows` (in that order) of the first w slots, the whole
+    cache included (w = S); `put_window(..., rows)` writes them back and leaves every other
+    row, and the slots past w, as they were."""
+    rng = np.random.default_rng(1)
+    cache = kv_cache.init_cache(2, 4, 8, 2, 4, per_layer=per_layer)
+    fill = lambda a: jnp.asarray(rng.standard_normal(a.shape), a.dtype)  # noqa: E731
+    cache = cache.replace(k=jax.tree.map(fill, cache.k), v=jax.tree.map(fill, cache.v), lengths=jnp.array([1, 2, 3, 4]))
+    rows = jnp.array([3, 1], jnp.int32)
+    view = kv_cache.window(cache, w, rows)
+    assert view.capacity == w and view.lengths.tolist() == [4, 2]
+    batch = 0 if per_layer else 1  # stacked arrays are [L, B, ...]
+    pick = lambda a: np.take(np.asarray(a), [3, 1], axis=batch)  # noqa: E731
+    for full, cut in zip(jax.tree.leaves(cache.k), jax.tree.leaves(view.k)):
+        np.testing.assert_array_equal(cut, pick(full)[..., :w])
+    for full, cut in zip(jax.tree.leaves(cache.v), jax.tree.leaves(view.v)):
+        np.testing.assert_array_equal(cut, pick(full)[..., :w, :])
+    changed = view.replace(k=jax.tree.map(lambda a: a + 1, view.k), v=jax.tree.map(lambda a: a - 1, view.v),
+                           lengths=view.lengths + 10)
+    back = kv_cache.put_window(cache, changed, rows)
+    assert back.capacity == 8 and back.lengths.tolist() == [1, 12, 3, 14]
+    for old, new in zip(jax.tree.leaves(cache.k) + jax.tree.leaves(cache.v),
+                        jax.tree.leaves(back.k) + jax.tree.leaves(back.v)):
+        old, new = np.moveaxis(np.asarray(old), batch, 0), np.moveaxis(np.asarray(new), batch, 0)
+        np.testing.assert_array_equal(new[[0, 2]], old[[0, 2]])  # the other rows
+    for old, new in zip(jax.tree.leaves(cache.k), jax.tree.leaves(back.k)):
+        np.testing.assert_array_equal(pick(new)[..., :w], pick(old)[..., :w] + 1)
+        np.testing.assert_array_equal(pick(new)[..., w:], pick(old)[..., w:])
+    for old, new in zip(jax.tree.leaves(cache.v), jax.tree.leaves(back.v)):
+        np.testing.assert_array_equal(pick(new)[..., :w, :], pick(old)[..., :w, :] - 1)
+        np.testing.assert_array_equal(pick(new)[..., w:, :], pick(old)[..., w:, :])
+
+
 def test_cache_capacity_check():
     cache = kv_cache.init_cache(1, 2, 8, 1, 4)
     kv_cache.check_capacity(cache, 8)

@@ -252,6 +252,46 @@ def test_turns_split_over_advance_calls_change_no_token(eng):
         assert eng.tokens(b) == whole_tokens[b]
 
 
+@pytest.mark.parametrize("layers", ["unrolled", "scanned"])
+def test_decoding_only_the_rows_in_a_turn_changes_no_token(model, layers):
+    """Decode calls on the rows in a turn, gathered into a decode row bucket (here 2 of B=4,
+    padded with a row that holds an episode between turns), give the ids, log-probs, finish
+    reasons and caches of decoding all 4 rows every call, for fewer row-steps; with per-layer
+    cache arrays and with the stacked ones of a scanned model."""
+    if layers == "scanned":
+        model = CausalLM(dataclasses.replace(CFG, unroll_layers=0), rngs=nnx.Rngs(5), init_std=0.2)
+    engines = {name: SamplingEngine(model, dataclasses.replace(SAMPLE, decode_row_buckets=buckets))
+               for name, buckets in (("rows", (2,)), ("all", (4,)))}
+    assert engines["rows"].decode_row_buckets == (2, 4) and engines["all"].decode_row_buckets == (4,)
+    prompts = [_prompt(70, 6), _prompt(71, 11), _prompt(72, 3)]
+    got = {}
+    for name, e in engines.items():
+        for b, p in enumerate(prompts):
+            e.start_episode(b, p, seed=20 + b)
+        e.end_episode(3)
+        e.begin_turn([0], max_new_tokens=3)
+        e.begin_turn([1], max_new_tokens=8)
+        turns = []
+        while e.in_turn():  # 2 rows, then row 1 alone (with row 0 as the padding row)
+            turns.append(e.advance(2))
+        turns.append(e.sample_turn())  # 3 rows: all 4 decode
+        for b in range(3):
+            e.append(b, _prompt(90 + b, 4))
+        e.begin_turn([2], max_new_tokens=5)  # row 2 alone, padded with a row between turns
+        turns.append(e.advance(8))
+        got[name] = ([(t.finish_reason, [t.row(b) for b in range(4)]) for t in turns],
+                     [e.tokens(b) for b in range(4)], e.decode_row_steps)
+    (turns_r, tokens_r, steps_r), (turns_a, tokens_a, steps_a) = got["rows"], got["all"]
+    assert tokens_r == tokens_a and len(turns_r) == len(turns_a)
+    for (reasons_r, rows_r), (reasons_a, rows_a) in zip(turns_r, turns_a):
+        assert reasons_r == reasons_a
+        for (ids_r, lp_r, slp_r), (ids_a, lp_a, slp_a) in zip(rows_r, rows_a):
+            assert ids_r == ids_a
+            np.testing.assert_allclose(lp_r, lp_a, atol=1e-5)
+            np.testing.assert_allclose(slp_r, slp_a, atol=1e-5)
+    assert steps_r < steps_a
+
+
 def test_shared_prompt_prefixes_change_no_token(model):
     """A prompt whose prefix some row's cache holds (another live row, a freed row, the row's
     own previous episode, a source row restarted before the copy ran) copies that prefix
@@ -427,9 +467,10 @@ def test_no_compilation_after_warmup(model, eng):
     eng.warmup()
     before = eng.num_compiled()
     assert eng.row_buckets == (1, 2, 4)  # ceil(B/4), ceil(B/2), B for B = 4
-    # + the decode loop, + the prefix copy (compiled once per cache placement the module's
-    # earlier tests gave it)
-    assert before == len(eng.row_buckets) * len(SAMPLE.prefill_buckets) + 1 + eng._copy_fn._cache_size()
+    # + a decode loop per decode row bucket (the same buckets), + the prefix copy (compiled
+    # once per cache placement the module's earlier tests gave it)
+    assert eng.decode_row_buckets == eng.row_buckets
+    assert before == len(eng.row_buckets) * (len(SAMPLE.prefill_buckets) + 1) + eng._copy_fn._cache_size()
     assert eng._copy_fn._cache_size() >= 1
     compiles = []
 
