@@ -32,8 +32,9 @@ tasks and seeds, alternated repeat by repeat:
   above).
 
 Episodes differ between the two limits only where a test timed out (its message quotes the
-limit). Prints seconds per rollout, where the time went and each ratio to the first setting;
-writes benchmarks/results/rollout.json.
+limit). Prints seconds per rollout, where the time went and each ratio to the first setting,
+and records each engine's `warmup` seconds (its compiles: more decode row buckets, more
+decode loops); writes benchmarks/results/rollout.json.
 """
 from __future__ import annotations
 
@@ -138,8 +139,11 @@ def main() -> None:
         verifier._run_hidden = in_process_hidden_run if settings[name][3] == "in_process" else judged_run
 
     with Sandbox(num_workers=2) as sandbox:
+        warmup_s = {}
         for name, eng in engines.items():  # compile every shape and warm the sandbox once
-            eng.warmup()
+            t0 = time.perf_counter()
+            eng.warmup()  # compiles: each engine has its own jitted functions (no shared cache)
+            warmup_s[name] = time.perf_counter() - t0
             use_verify(name)
             collect_episodes(tasks[:1], eng, chat, sandbox, replace(rollout, group_size=2, decode_chunk=settings[name][4]),
                              ToolConfig(test_timeout_s=settings[name][1]), seed=1)
@@ -168,6 +172,7 @@ def main() -> None:
         "median_seconds": med, "all_seconds": seconds, "ratio_to_previous_setting": {k: base / v for k, v in med.items()},
         "speedup_study_setting_vs_previous": base / med[study] if study in med else None,
         "judge_cost": med[study] / med[former] if study in med and former in med else None, "parts": parts,
+        "engine_warmup_s": warmup_s,
         "setup": {"tasks": args.tasks, "group": args.group, "repeats": args.repeats, "episodes": args.tasks * args.group,
                   "policy": "jaxrl_agent/assets/demo_policy", "sandbox_workers": 2},
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__},
