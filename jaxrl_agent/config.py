@@ -89,7 +89,7 @@ class SamplingConfig:
     decode_row_buckets: tuple[int, ...] = ()
     """Allowed row counts of one decode loop: the rows in a turn are gathered into the smallest
     that holds them (with rows that stand still), decoded, and written back, so a step costs
-    the rows that decode, not B (`sampling.generate_rows`; batch_size is always allowed). Empty:
+    the rows that decode, not B (`sampling.generate`'s rows; batch_size is always allowed). Empty:
     the prefill row buckets. (batch_size,) decodes every call on all B rows."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""

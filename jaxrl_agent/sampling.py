@@ -240,12 +240,19 @@ def generate(
       skip_empty_windows: skip a window no live row fits in (its loop would run no step);
         False copies every window in and out, the former loop (kept for
         benchmarks/bench_decode_windows.py).
-      rows: int32 `[R]` distinct rows to decode (`generate_rows`); the window copies gather
-        them, so the loop runs on R rows; None: all B.
+      rows: int32 `[R]` distinct rows holding every active row (the others among them stand
+        still); each window's copy gathers their slots and the copy back scatters them (the
+        last window, the whole cache, is copied too), so the loop runs on R rows and a step
+        costs what they decode (its time grows with its rows: benchmarks/profile_decode.py
+        --batch). A row's tokens are the same either way: its sampling keys depend on its
+        seed and position only, and no row's logits read another row. None or R == B: all
+        B rows; rows outside `rows` sample nothing and are unchanged.
     Returns:
       (TurnOutput with `[B, N]` tokens and log-probs, the new cache, the new logits `[B, V]`).
     """
     whole_b, whole_logits, n = logits.shape[0], logits, config.max_new_tokens
+    if rows is not None and rows.shape[0] == whole_b:
+        rows = None
     if rows is not None:
         logits, episode_seeds, active, max_new, stop_ids = (
             logits[rows], episode_seeds[rows], active[rows], max_new[rows], stop_ids[rows])
@@ -317,33 +324,6 @@ def generate(
     return out, cache, whole_logits.at[rows].set(logits_r)
 
 
-def generate_rows(
-    model: CausalLM, cache: KVCache, logits: jax.Array, rows: jax.Array, base_seed: jax.Array,
-    episode_seeds: jax.Array, active: jax.Array, max_new: jax.Array, stop_ids: jax.Array, *,
-    config: SamplingConfig,
-) -> tuple[TurnOutput, KVCache, jax.Array]:
-    """`generate` on R of the B rows: each window's copy gathers their slots, the loop decodes
-    them, and the copy back scatters them (the last window, the whole cache, is copied too).
-
-    A decode step's cost grows with the rows it runs (benchmarks/profile_decode.py --batch),
-    and in an agent rollout most of the B rows are at their tools or between turns at any
-    moment; running the loop on the R rows in a turn costs what they decode. Each row's
-    tokens are the same as in the whole batch: its sampling keys depend on its seed and
-    position only, and no row's logits read another row.
-
-    Args:
-      rows: int32 `[R]` distinct row indices holding every active row (the others among them
-        stand still); R == B: all rows, and `rows` is ignored.
-      cache, logits, episode_seeds, active, max_new, stop_ids: the whole batch, as in `generate`.
-    Returns:
-      as `generate`, for the whole batch: rows outside `rows` sampled nothing and are unchanged.
-    """
-    if rows.shape[0] == logits.shape[0]:
-        rows = None
-    return generate(model, cache, logits, base_seed, episode_seeds, active, max_new, stop_ids, config=config,
-                    rows=rows)
-
-
 # ---- jitted entry points over a split model ----
 
 
@@ -358,9 +338,9 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
       (prefill_fn(state, cache, logits, rows [R], tokens [R, T], valid [R, T], reset [R]) -> (cache, logits),
        generate_fn(state, cache, logits, rows [R], base_seed, episode_seeds [B], active [B], max_new [B],
                    stop_ids [B, M]) -> (TurnOutput, cache, logits)).
-      R and T are whatever row count and chunk length are passed (`prefill_rows`,
-      `generate_rows`): one compilation per distinct (R, T) and per decode R (the engine
-      passes only bucket sizes).
+      R and T are whatever row count and chunk length are passed (`prefill_rows`, `generate`'s
+      rows): one compilation per distinct (R, T) and per decode R (the engine passes only
+      bucket sizes).
     """
 
     @partial(jax.jit, donate_argnums=(1, 2))
@@ -369,7 +349,7 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
 
     @partial(jax.jit, donate_argnums=(1, 2))
     def generate_fn(state, cache, logits, rows, base_seed, episode_seeds, active, max_new, stop_ids):
-        return generate_rows(nnx.merge(graphdef, state), cache, logits, rows, base_seed, episode_seeds, active,
-                             max_new, stop_ids, config=config)
+        return generate(nnx.merge(graphdef, state), cache, logits, base_seed, episode_seeds, active, max_new,
+                        stop_ids, config=config, rows=rows)
 
     return prefill_fn, generate_fn

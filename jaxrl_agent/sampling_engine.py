@@ -25,9 +25,8 @@ that bucket (padded to a row bucket), so a flush costs what was staged, not B ro
 longest chunk. A decode call likewise runs on the rows in a turn, gathered into the smallest
 decode row bucket that holds them. Only bucketed shapes ever reach the compiled functions: one
 prefill per (row bucket, length bucket) and one decode loop per decode row bucket, so after
-`warmup` a whole multi-turn rollout (and
-every later iteration with new params) compiles nothing. Bad input raises a ValueError at the
-call that caused it, before any state changes.
+`warmup` a whole multi-turn rollout (and every later iteration with new params) compiles
+nothing. Bad input raises a ValueError at the call that caused it, before any state changes.
 """
 from __future__ import annotations
 
