@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+from jaxrl_agent.cli import apply_overrides
+
+from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.__main__ import main
 from experiments.binary_search_rl.ablate import SERIES, run_ablation
 from experiments.binary_search_rl.ablate import main as ablate_main
@@ -24,7 +27,8 @@ TINY = ["--rl.seeds=0,1", "--gate.tasks=1", "--gate.samples=1", "--gate.min_sequ
 @pytest.mark.slow
 def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     args = TINY + [f"--work_dir={tmp_path / 'work'}", f"--results_dir={tmp_path / 'results'}"]
-    assert main(args) == 0
+    assert main(args + ["--jobs=2"]) == 0  # stages side by side in worker processes; every call below: --jobs=1
+    args.append("--jobs=1")
     res = tmp_path / "results"
     summary = json.loads((res / "summary.json").read_text())
     for split in ("canonical", "heldout_instances", "heldout_templates"):
@@ -53,6 +57,10 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
         assert summary["training"][run]["selected_iteration"] == 1
         assert summary["training"][run]["policy"].endswith(os.path.join(run, "best_policy"))
     assert "Iteration of each RL policy" in (res / "results.md").read_text()
+    # a stage run in a worker gives what it gives in this process (the RL run, from the same SFT policy)
+    cfg = apply_overrides(StudyConfig(), TINY + [f"--work_dir={tmp_path / 'serial'}"])
+    here = stages.rl(cfg, "rl", {"policy": str(tmp_path / "work" / "sft" / "policy")}, shuffle_rewards=False)
+    assert here["train_reward"] == summary["training"]["rl"]["train_reward"]
     capsys.readouterr()
     # second invocation: every stage comes from the work dir (no SFT step is printed again)
     assert main(args) == 0

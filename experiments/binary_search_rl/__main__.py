@@ -10,6 +10,7 @@ plots and rendered trajectories in `results_dir`. Finished stages are reused fro
 when their config is unchanged, so an interrupted study continues where it stopped.
 `--ship_demo_policy=true` also copies the SFT policy to jaxrl_agent/assets/demo_policy.
 `--sft_from=DIR` starts the gate and RL from a given SFT policy (the shipped one) instead.
+`--jobs=N` (default 2) runs independent stages N at a time in worker processes (`parallel.py`).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from jaxrl_agent.tokenizer import load_tokenizer
 
 from experiments.binary_search_rl import diagnostics, report, stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
+from experiments.binary_search_rl.parallel import run_stages
 
 
 def ship_policies(done: dict, policies_dir: str) -> list[str]:
@@ -64,22 +66,26 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
         raise ValueError("--ship_demo_policy=true needs the SFT stage of this run: drop --sft_from, or copy the "
                          "given policy to jaxrl_agent/assets/demo_policy by hand with its own description")
     t0 = time.time()
-    done = {"sft": given_sft(cfg.sft_from)} if cfg.sft_from else stages.sft_policies(cfg, success_only=False)
+    done = {"sft": given_sft(cfg.sft_from)} if cfg.sft_from else stages.sft_policies(cfg, success_only=False,
+                                                                                      jobs=cfg.jobs)
     runs = report.run_names(cfg.rl.seeds, cfg.rl.second_algo)
     # the gate's verdict comes first
     with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         done["gate"] = stages.gate(cfg, done["sft"], sandbox)
-    if not cfg.sft_from:
-        done = stages.sft_policies(cfg) | {"gate": done["gate"]}  # cached stages, plus the baseline
+    # the success-only baseline (the longest stage, so first) and the RL runs, `cfg.jobs` at a time
+    calls = [] if cfg.sft_from else [("sft_success_only", stages.success_only_sft, (cfg,), {})]
     if done["gate"]["rl_starts"]:
-        for name, (algo, seed, shuffle) in runs.items():
-            done[name] = stages.rl(cfg, name, done["sft"], shuffle_rewards=shuffle, algo=algo, seed=seed)
+        calls += [(name, stages.rl, (cfg, name, done["sft"]), {"shuffle_rewards": shuffle, "algo": algo, "seed": seed})
+                  for name, (algo, seed, shuffle) in runs.items()]
+    done |= run_stages(cfg.jobs, calls)
+    if not cfg.sft_from:
+        done = stages.sft_policies(cfg) | done  # the cached demonstration and drill stages' results too
     policies = [p for p in ("sft", "sft_success_only", *runs) if p in done and done[p]["policy"] is not None]
-    evals = {}
+    # a run missing here did not start (gate or no signal): the summary says why
+    evals = run_stages(cfg.jobs, [(pol, stages.evaluate_alone, (cfg, pol, done[pol]["policy"]),
+                                   {"passk": pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo)})
+                                  for pol in policies])
     with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
-        for pol in policies:  # a run missing here did not start (gate or no signal): the summary says why
-            evals[pol] = stages.evaluate_policy(cfg, pol, done[pol]["policy"], sandbox,
-                                                passk=pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo))
         diagnosed = {pol: done[pol]["policy"] for pol in ("pretrain", *policies) if pol in done}
         diag = diagnostics.teacher_forced(cfg, diagnosed, sandbox)
     summary = report.build_summary(dataclasses.asdict(cfg), done, evals, runs)

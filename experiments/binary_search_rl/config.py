@@ -270,7 +270,13 @@ class StudyConfig:
     results_dir: str = "experiments/binary_search_rl/results"
     """Small, committed outputs: summary.json, plots, example trajectories."""
     sandbox_workers: int = 2
-    """Sandbox worker processes (expert test runs, tools, verifier)."""
+    """Sandbox worker processes (expert test runs, tools, verifier), per stage."""
+    jobs: int = 2
+    """Independent stages run this many at a time, each in a process of its own
+    (`parallel.run_stages`): the demonstrations beside the drills, the success-only SFT beside
+    the RL runs, the evaluations. One stage leaves part of two cores idle, so two at once finish
+    sooner (`benchmarks/bench_study_jobs.py`); every stage's result is the same either way, and
+    1 runs them one after another in this process. Not in any stage's stamp."""
     sft_from: str = ""
     """An SFT policy directory (HF: config.json, model.safetensors, tokenizer) to start the gate,
     RL and the controls from instead of making one: the demonstrations, drills and both SFT
@@ -279,6 +285,8 @@ class StudyConfig:
     defaults: the RL half of the study then fits a 2-core session (README, where the time goes)."""
 
     def __post_init__(self):  # checked before hours of SFT, not at the gate that reads it
+        if self.jobs < 1:
+            raise ValueError(f"jobs={self.jobs}: at least 1 (1 runs the stages one after another)")
         if self.policy_tokenizer not in TOKENIZER_MODES:
             raise ValueError(f"policy_tokenizer={self.policy_tokenizer!r}: one of {TOKENIZER_MODES}")
 
@@ -297,6 +305,7 @@ GPU_PRESET = replace(
     diagnose=DiagnosticStage(tasks=100),
     model=TinyModelConfig(hidden_size=256, num_layers=6, num_heads=8, num_kv_heads=4, intermediate_size=768),
     sandbox_workers=8,
+    jobs=1,  # one accelerator: stages take turns on it
 )
 """One accelerator and a 16-core host: a 2x wider, 6-layer model (5x the parameters), 5x the
 drill instances and 12x the drill episodes, 7x the demonstrations, 20x the SFT samples, 100 RL iterations of 256 episodes."""

@@ -36,6 +36,7 @@ from jaxrl_agent.trajectory import Episode
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
                                                  whole_transcript_loss)
+from experiments.binary_search_rl.parallel import run_stages
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stage_cache import cached, code_fingerprint, finish, policy_mtime, stage_dir
 
@@ -214,22 +215,33 @@ def sft(cfg: StudyConfig, name: str, episodes: list[Episode], demo_stamp: dict, 
                                          group_by_length=s.group_by_length))
 
 
-def sft_policies(cfg: StudyConfig, *, success_only: bool = True) -> dict:
-    """Stages 1-2 (each reused when cached): demonstrations, edit drills, SFT on all demos and,
-    with `success_only`, SFT on the successful demos. Returns the stage results by name."""
-    done: dict = {}
+def demonstration_stage(cfg: StudyConfig) -> dict:
+    """`demonstrations` with a sandbox of its own (a worker's call): the stage result; the
+    episodes stay in the stage's file."""
     with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
-        demos, done["demos"] = demonstrations(cfg, sandbox)
-        print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
-              flush=True)
-    demo_stamp = _demo_stamp(cfg)
-    base = pretrain(cfg)
+        return demonstrations(cfg, sandbox)[1]
+
+
+def sft_policies(cfg: StudyConfig, *, success_only: bool = True, jobs: int = 1) -> dict:
+    """Stages 1-2 (each reused when cached): demonstrations and edit drills (independent, so
+    side by side with `jobs` > 1), then SFT on all demos and, with `success_only`, SFT on the
+    successful demos. Returns the stage results by name."""
+    done = run_stages(jobs, [("demos", demonstration_stage, (cfg,), {}), ("pretrain", pretrain, (cfg,), {})])
+    print(f"demonstrations: {done['demos']['episodes']} episodes, expert success {done['demos']['success']:.2f}",
+          flush=True)
+    base = done.pop("pretrain")
     if base is not None:
         done["pretrain"] = base
+    demos, demo_stamp = _load_episodes(os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")), _demo_stamp(cfg)
     done["sft"] = sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
     if success_only:
         done["sft_success_only"] = sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
     return done
+
+
+def success_only_sft(cfg: StudyConfig) -> dict:
+    """The success-only baseline's stage result (a worker's call: its inputs come cached)."""
+    return sft_policies(cfg)["sft_success_only"]
 
 
 # ---- 3. RL and the shuffled-reward control ----
@@ -404,3 +416,9 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
               f"{summary['pass1_ci_high']:.3f}]", flush=True)
     out["seconds"] = time.time() - t0
     return finish(cfg, key, stamp, out)
+
+
+def evaluate_alone(cfg: StudyConfig, name: str, policy: str, *, passk: bool = False) -> dict:
+    """`evaluate_policy` with a sandbox of its own (a worker's call)."""
+    with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
+        return evaluate_policy(cfg, name, policy, sandbox, passk=passk)
