@@ -301,6 +301,25 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
     instead = tok.decode([(ids[at_tool] + 1) % tok.vocab_size])
     assert first(at_tool) == {"turns": 1, "by_part": {"tool": 1}, "tool_wanted": {instead.strip() or repr(instead): 1}}
     assert "edit_parts" not in turn_accuracy([ep], predict(None), tok.decode, max_len=128)
+    # by the edit's place in its episode: the tool name (a decision) apart from every other token
+    place = lambda wrong_at: turn_accuracy([ep], predict(wrong_at), tok.decode, max_len=128,
+                                           files=[files])["edit_by_place"]
+    assert place(None) == {"1": {"turns": 1, "tool_right": 1.0, "arguments_right": 1.0}}
+    assert place(first_fix) == {"1": {"turns": 1, "tool_right": 1.0, "arguments_right": 0.0}}
+    assert place(at_tool) == {"1": {"turns": 1, "tool_right": 0.0, "arguments_right": 1.0}}
+    twice = Episode(head + call + call, [0] * len(head) + [1] * 2 * len(call), [0.0] * (len(head) + 2 * len(call)),
+                    [0] * (len(head) + len(call)) + [1] * len(call))
+    wrong_second = len(head) + len(call) + parts.index("tool")
+    target2 = np.array(twice.ids[1:] + [0], np.int32)
+
+    def second_tool_wrong(x, m):
+        out = np.array(np.broadcast_to(np.pad(target2, (0, x.shape[1] - len(target2))), x.shape))
+        out[:, wrong_second - 1] = (twice.ids[wrong_second] + 1) % tok.vocab_size
+        return out
+
+    assert turn_accuracy([twice], second_tool_wrong, tok.decode, max_len=128, files=[files])["edit_by_place"] == {
+        "1": {"turns": 1, "tool_right": 1.0, "arguments_right": 1.0},
+        "2": {"turns": 1, "tool_right": 0.0, "arguments_right": 1.0}}
 
 
 def test_str_replace_turn_tokens_split_into_the_old_lines_copied_text_and_the_fix():

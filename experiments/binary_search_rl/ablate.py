@@ -38,7 +38,8 @@ def run_ablation(cfg: StudyConfig, name: str, *, control: bool = True) -> dict:
     """RL with `cfg.rl` (and, with `control`, the same run on shuffled rewards) from the SFT policy."""
     if not name or os.sep in name or name.startswith("."):
         raise ValueError(f"--name must be a plain directory name, got {name!r}")
-    start = given_sft(cfg.sft_from) if cfg.sft_from else stages.sft_policies(cfg, success_only=False, jobs=cfg.jobs)["sft"]
+    start = (given_sft(cfg.sft_from) if cfg.sft_from
+             else stages.sft_policies(cfg, success_only=False, jobs=cfg.jobs)["sft"])
     out_dir = os.path.join(cfg.work_dir, "ablations", name)
     sub = dataclasses.replace(cfg, work_dir=out_dir)
     runs = {}

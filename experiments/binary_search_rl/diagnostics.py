@@ -77,13 +77,19 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
       not a miscopied one; and "edit_first_wrong": over the edit turns not reproduced, the part
       of each one's first wrong token ("by_part": past it, a sampled turn would already have
       left the expert's) and, where that is the tool's name, the text the policy's argmax
-      wanted there instead ("tool_wanted": e.g. "run" for run_tests, a decision, not an edit).
+      wanted there instead ("tool_wanted": e.g. "run" for run_tests, a decision, not an edit);
+      and "edit_by_place": per place of the edit in its episode ("1" the first edit, "2" the
+      second, ...), {"turns", "tool_right", "arguments_right"}: shares whose tool name, and whose
+      every other token (address, copy, fix, JSON), is right. The tool at an edit turn is a
+      decision (fix the second bug now, or run the tests first: DESIGN §9b's "fixing one bug of
+      two"); the arguments are basic behaviour, whatever the tool's token was.
     """
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # turns, exact, tokens, right
     parts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # the same per part of an edit turn
     first_error: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     first_wrong: dict[str, int] = defaultdict(int)  # failed edit turns by the part of their first wrong token
     wanted: dict[str, int] = defaultdict(int)  # ... and what the argmax wanted where that was the tool name
+    by_place: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # edit turns, tool right, arguments right
     for start in range(0, len(episodes), 8):
         batch = episodes[start:start + 8]
         ids = np.zeros((len(batch), max_len), np.int32)
@@ -93,6 +99,7 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
             ids[b, :n], mask[b, :n] = e.ids[:n], 1
         pred = np.asarray(predict(ids, mask))
         for b, e in enumerate(batch):
+            edits_seen = 0
             for name, pos in expert_turns(e, decode):
                 if pos[-1] >= max_len:
                     continue
@@ -101,6 +108,12 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
                     c = counts[key]
                     c[0], c[1], c[2], c[3] = c[0] + 1, c[1] + all(right), c[2] + len(right), c[3] + sum(right)
                 kinds = edit_parts([e.ids[p] for p in pos], decode, files[start + b]) if files else None
+                if kinds:
+                    edits_seen += 1
+                    c = by_place[edits_seen]
+                    c[0] += 1
+                    c[1] += all(r for r, k in zip(right, kinds) if k == "tool")
+                    c[2] += all(r for r, k in zip(right, kinds) if k != "tool")
                 if kinds and not all(right):
                     at = right.index(False)
                     first_wrong[kinds[at]] += 1
@@ -122,6 +135,8 @@ def turn_accuracy(episodes: list[Episode], predict, decode, max_len: int = 1024,
                              for k, c in parts.items()}
         out["edit_first_wrong"] = {"turns": sum(first_wrong.values()), "by_part": dict(first_wrong),
                                    "tool_wanted": dict(wanted)}
+        out["edit_by_place"] = {str(k): {"turns": c[0], "tool_right": c[1] / c[0], "arguments_right": c[2] / c[0]}
+                                for k, c in sorted(by_place.items())}
     return out
 
 
@@ -193,6 +208,15 @@ def diagnostics_markdown(diag: dict, labels: dict[str, str]) -> str:
                 instead = ", ".join(f"{t} {c}" for t, c in sorted(w["tool_wanted"].items(), key=lambda x: -x[1])) or "-"
                 rows.append(f"| {labels.get(name, name)} | {w['turns']} | "
                             + " | ".join(str(w["by_part"].get(k, 0)) for k in shown) + f" | {instead} |")
+        places = {n: p["edit_by_place"] for n, p in diag["per_policy"].items() if p.get("edit_by_place")}
+        if places:
+            keys = sorted({k for p in places.values() for k in p}, key=int)
+            rows += ["", "| edit turns by their place in the episode: tool name right / every other token right "
+                     "(turns) | " + " | ".join(f"edit {k}" for k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+            for name, p in places.items():
+                rows.append(f"| {labels.get(name, name)} | " + " | ".join(
+                    f"{p[k]['tool_right']:.2f} / {p[k]['arguments_right']:.2f} ({p[k]['turns']})" if k in p else "-"
+                    for k in keys) + " |")
     return "\n".join(rows) + "\n"
 
 

@@ -6,10 +6,10 @@
 
 Why: one stage leaves part of the two cores idle (the sampler's small kernels, the sandbox's
 test processes, the host between steps), so two stages at once finish sooner than one after
-the other (`benchmarks/bench_study_jobs.py` measures two RL runs both ways). Each stage's
-result is the same either way: a stage reads only its inputs' files and writes only its own
-directory (`stage_cache.py`), and its numbers do not depend on what runs beside it (the test
-checks a study run with workers against its serial rerun).
+the other (`benchmarks/bench_study_jobs.py` measures the study's RL stages both ways). Each
+stage's result is the same either way: a stage reads only its inputs' files and writes only its
+own directory (`stage_cache.py`), and its numbers do not depend on what runs beside it
+(tests/test_study.py runs an RL stage in a worker, then again in the test's process).
 
 A stage that fails does not stop the others: every call runs to its end (its result cached),
 then the first failure is raised with its stage's name. Workers start fresh interpreters
