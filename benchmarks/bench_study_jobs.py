@@ -11,8 +11,8 @@ with `parallel.run_stages(1, ...)` in this process, as `--jobs=1` does; "jobs_2"
 default does. A worker pays its imports and its first traces once, so with two seeds each
 worker runs two stages, as in the study (whose pool runs eight). Settings alternate repeat by
 repeat, each in a fresh work directory; a warm-up run fills the persistent compilation cache
-first, so both read compiled programs from it (serial also keeps them in this process after
-its first stage). The training rewards of each stage must be the same in both settings (a
+first, so both read compiled programs from it (serial also keeps them traced in this process
+from the warm-up on, which favours it: each worker traces them once). The training rewards of each stage must be the same in both settings (a
 stage's numbers do not depend on what runs beside it): the script says if they are not.
 Writes benchmarks/results/study_jobs.json.
 """
