@@ -78,8 +78,6 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
         calls += [(name, stages.rl, (cfg, name, done["sft"]), {"shuffle_rewards": shuffle, "algo": algo, "seed": seed})
                   for name, (algo, seed, shuffle) in runs.items()]
     done |= run_stages(cfg.jobs, calls)
-    if not cfg.sft_from:
-        done = stages.sft_policies(cfg) | done  # the cached demonstration and drill stages' results too
     policies = [p for p in ("sft", "sft_success_only", *runs) if p in done and done[p]["policy"] is not None]
     # a run missing here did not start (gate or no signal): the summary says why
     evals = run_stages(cfg.jobs, [(pol, stages.evaluate_alone, (cfg, pol, done[pol]["policy"]),

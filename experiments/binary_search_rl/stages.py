@@ -72,6 +72,10 @@ def _demo_stamp(cfg: StudyConfig) -> dict:
             "tool_style": cfg.tool_style, "expert": code_fingerprint(expert)}
 
 
+def _demo_path(cfg: StudyConfig) -> str:
+    return os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")
+
+
 def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     """One expert episode per training task, the style drawn per task from
     `cfg.demos.style_weights`; saved as JSONL (ids, masks, reward, info)."""
@@ -79,7 +83,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     if len(d.style_weights) != len(STYLES):
         raise ValueError(f"demos.style_weights needs {len(STYLES)} weights for {STYLES}, got {d.style_weights}")
     stamp = _demo_stamp(cfg)
-    path = os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")
+    path = _demo_path(cfg)
     done = cached(cfg, "demos", stamp)
     if done is not None and os.path.exists(path):
         return _load_episodes(path), done
@@ -232,7 +236,7 @@ def sft_policies(cfg: StudyConfig, *, success_only: bool = True, jobs: int = 1) 
     base = done.pop("pretrain")
     if base is not None:
         done["pretrain"] = base
-    demos, demo_stamp = _load_episodes(os.path.join(stage_dir(cfg, "demos"), "demonstrations.jsonl")), _demo_stamp(cfg)
+    demos, demo_stamp = _load_episodes(_demo_path(cfg)), _demo_stamp(cfg)
     done["sft"] = sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
     if success_only:
         done["sft_success_only"] = sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
