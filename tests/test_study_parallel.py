@@ -38,3 +38,37 @@ def test_bad_jobs_and_repeated_names_are_refused():
         run_stages(2, [call, call])
     with pytest.raises(ValueError, match="jobs=0: at least 1"):
         StudyConfig(jobs=0)
+
+
+def _double(name: str):
+    """A follow-up builder: one call that doubles the stage's result, named after it."""
+    return lambda result: [(f"{name}_twice", operator.mul, (result, 2), {})]
+
+
+def test_follow_ups_run_on_their_stage_result_in_the_same_pool():
+    calls = [("a", operator.add, (1, 2), {}), ("b", operator.add, (10, 20), {})]
+    then = {"a": _double("a"), "b": _double("b"), "a_twice": lambda r: [("pid", os.getpid, (), {})]}
+    here = run_stages(1, calls, then)
+    assert here == {"a": 3, "b": 30, "a_twice": 6, "b_twice": 60, "pid": os.getpid()}
+    assert list(here) == ["a", "b", "a_twice", "b_twice", "pid"]  # calls, then follow-ups in order
+    there = run_stages(2, calls, then)
+    assert list(there) == list(here) and there["pid"] != os.getpid()  # chained follow-up in a worker
+    assert {k: v for k, v in there.items() if k != "pid"} == {k: v for k, v in here.items() if k != "pid"}
+    assert run_stages(2, calls, {"a": lambda r: []}) == {"a": 3, "b": 30}  # no follow-up
+
+
+def test_a_failed_stage_has_no_follow_ups_and_the_others_still_run(tmp_path):
+    done = tmp_path / "done.txt"
+    calls = [("boom", operator.truediv, (1, 0), {}), ("ok", operator.add, (1, 1), {})]
+    then = {"boom": _double("boom"), "ok": lambda r: [("written", Path.write_text, (done, str(r)), {})]}
+    with pytest.raises(StageError, match=r"'boom'.*ZeroDivisionError") as e:
+        run_stages(2, calls, then)
+    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    assert done.read_text() == "2"  # the other stage's follow-up ran; boom's could not
+
+
+def test_a_follow_up_named_like_another_call_is_refused():
+    calls = [("a", operator.add, (1, 2), {}), ("b", operator.add, (3, 4), {})]
+    for jobs in (1, 2):
+        with pytest.raises(ValueError, match=r"unique, got 'b' twice"):
+            run_stages(jobs, calls, {"a": lambda r: [("b", operator.add, (r, 0), {})]})

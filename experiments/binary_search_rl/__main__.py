@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -72,17 +73,24 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
     # the gate's verdict comes first
     with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         done["gate"] = stages.gate(cfg, done["sft"], sandbox)
-    # the success-only baseline (the longest stage, so first) and the RL runs, `cfg.jobs` at a time
+    # the success-only baseline (the longest stage, so first), the RL runs and the evaluations,
+    # `cfg.jobs` at a time; each policy's evaluation is queued the moment it exists, so the
+    # evaluations fill the workers the last runs leave idle
+    def evaluation(pol: str, result: dict) -> list:
+        if result["policy"] is None:  # did not start (no signal): the summary says why
+            return []
+        return [(f"eval_{pol}", stages.evaluate_alone, (cfg, pol, result["policy"]),
+                 {"passk": pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo)})]
+
     calls = [] if cfg.sft_from else [("sft_success_only", stages.success_only_sft, (cfg,), {})]
     if done["gate"]["rl_starts"]:
         calls += [(name, stages.rl, (cfg, name, done["sft"]), {"shuffle_rewards": shuffle, "algo": algo, "seed": seed})
                   for name, (algo, seed, shuffle) in runs.items()]
-    done |= run_stages(cfg.jobs, calls)
-    policies = [p for p in ("sft", "sft_success_only", *runs) if p in done and done[p]["policy"] is not None]
-    # a run missing here did not start (gate or no signal): the summary says why
-    evals = run_stages(cfg.jobs, [(pol, stages.evaluate_alone, (cfg, pol, done[pol]["policy"]),
-                                   {"passk": pol == "sft" or report.is_main_run(pol, runs, cfg.rl.algo)})
-                                  for pol in policies])
+    then = {name: functools.partial(evaluation, name) for name, *_ in calls}
+    pool = run_stages(cfg.jobs, calls + evaluation("sft", done["sft"]), then)
+    done |= {name: pool[name] for name, *_ in calls}
+    policies = [p for p in ("sft", "sft_success_only", *runs) if f"eval_{p}" in pool]
+    evals = {pol: pool[f"eval_{pol}"] for pol in policies}
     with Sandbox(num_workers=cfg.sandbox_workers, memo_entries=MEMO_ENTRIES) as sandbox:
         diagnosed = {pol: done[pol]["policy"] for pol in ("pretrain", *policies) if pol in done}
         diag = diagnostics.teacher_forced(cfg, diagnosed, sandbox)

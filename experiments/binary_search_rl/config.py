@@ -273,8 +273,8 @@ class StudyConfig:
     """Sandbox worker processes (expert test runs, tools, verifier), per stage."""
     jobs: int = 2
     """Independent stages run this many at a time, each in a process of its own
-    (`parallel.run_stages`): the demonstrations beside the drills, the success-only SFT beside
-    the RL runs, the evaluations. One stage leaves part of two cores idle, so two at once finish
+    (`parallel.run_stages`): the demonstrations beside the drills; the success-only SFT, the RL
+    runs and the evaluations in one pool, each evaluation queued as soon as its policy exists. One stage leaves part of two cores idle, so two at once finish
     sooner (`benchmarks/bench_study_jobs.py`); every stage's result is the same either way, and
     1 runs them one after another in this process. Not in any stage's stamp."""
     sft_from: str = ""
