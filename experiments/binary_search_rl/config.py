@@ -274,9 +274,11 @@ class StudyConfig:
     jobs: int = 2
     """Independent stages run this many at a time, each in a process of its own
     (`parallel.run_stages`): the demonstrations beside the drills; the success-only SFT, the RL
-    runs and the evaluations in one pool, each evaluation queued as soon as its policy exists. One stage leaves part of two cores idle, so two at once finish
-    sooner (`benchmarks/bench_study_jobs.py`); every stage's result is the same either way, and
-    1 runs them one after another in this process. Not in any stage's stamp."""
+    runs and the evaluations in one pool, each evaluation queued as soon as its policy exists.
+    An RL stage leaves part of two cores idle, so two at once finish sooner
+    (`benchmarks/bench_study_jobs.py`); an SFT stage keeps both busy and gains nothing (the
+    main README, "Where the time goes"). Every stage's result is the same either way, and 1
+    runs them one after another in this process. Not in any stage's stamp."""
     sft_from: str = ""
     """An SFT policy directory (HF: config.json, model.safetensors, tokenizer) to start the gate,
     RL and the controls from instead of making one: the demonstrations, drills and both SFT
