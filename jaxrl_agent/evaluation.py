@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -98,7 +99,7 @@ def _test_run_failed(observation: str) -> bool:
 
 
 def episode_behaviour(history: Sequence, termination: str | None, reward: float,
-                      bugs: tuple[int, int] | None = None) -> dict:
+                      bugs: tuple[int, int] | None = None, sites: dict | None = None) -> dict:
     """Behaviour of one episode from its `ToolSession.history` of (text, StepResult).
 
     Failure layers: "interface" (parse-error limit, or interface errors and no edit), "basic"
@@ -107,7 +108,8 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float,
     was decided after them), and "sequential": progress made, then submitted after a failing
     test run that followed the last edit (did not recover), or with some but not all bugs
     fixed (stopped too early). Without `bugs` (a user's task) progress is unknown, and a
-    submit after a failing run counts as sequential."""
+    submit after a failing run counts as sequential. `sites` (`bug_outcomes`) is kept as
+    "bug_sites" for `summarize_episodes`' per-site table."""
     names = []
     interface_errors = tool_errors = edits = 0
     read_file = ran_tests = tests_after_last_edit = saw_failure = edit_after_failure = False
@@ -158,6 +160,7 @@ def episode_behaviour(history: Sequence, termination: str | None, reward: float,
         "recovered": success and edit_after_failure,
         "submitted": submitted, "failure_layer": layer,
         **({"bugs_fixed": bugs[0], "bugs_total": bugs[1]} if bugs is not None else {}),
+        **({"bug_sites": sites} if sites is not None else {}),
     }
 
 
@@ -171,18 +174,54 @@ def bugs_fixed(task, files: dict[str, str]) -> tuple[int, int]:
     Metadata without well-formed bug records (e.g. a task file's free `"bugs": 2`) gives (0, 0):
     unknown, never an exception.
     """
+    out = bug_outcomes(task, files)
+    return (0, 0) if out is None else (out["outcomes"].count("fixed"), len(out["outcomes"]))
+
+
+BUG_OUTCOMES = ("fixed", "untouched", "changed")
+FAILED_SITE_KINDS = ("site_changed_wrongly", "line_elsewhere_rewritten", "site_left_as_injected", "every_site_fixed")
+"""What a failed episode's sites show (`summarize_episodes`' "bug_sites"), the first that applies."""
+
+
+def bug_outcomes(task, files: dict[str, str]) -> dict | None:
+    """What the final source `files` did to each injected bug of `task`, and where else it wrote.
+
+    Per bug (in `task.metadata["bugs"]` order; its site `"<template>/<site index>"` from
+    `metadata["bug_sites"]`): "fixed" (as `bugs_fixed` counts it), "untouched" (its buggy lines
+    occur as often as in the starting file: left as injected) or "changed" (neither: a wrong fix,
+    or the lines rewritten). `stray_lines`: lines of the final source that neither the reference
+    nor the starting file holds, counted with multiplicity (lines the policy wrote wrongly);
+    `elsewhere`: those beyond one per changed bug, i.e. lines written away from every bug (a wrong
+    place chosen). Text-level like `bugs_fixed`. A missing source file leaves every bug
+    "changed". None when the metadata holds no well-formed bug records (a user's task file).
+
+    Returns {"sites": [str], "outcomes": [str], "stray_lines": int, "elsewhere": int}.
+    """
     meta = task.metadata if isinstance(task.metadata, dict) else {}
     bugs, path = meta.get("bugs"), meta.get("source_file")
     # free metadata (a user's task file) may hold anything: only well-formed bug records count
     if not isinstance(bugs, list) or not all(isinstance(b, dict) and isinstance(b.get("buggy"), str)
                                              and isinstance(b.get("fixed"), str) for b in bugs):
-        return 0, 0
-    if not bugs or not isinstance(path, str) or path not in files or path not in task.reference_files:
-        return 0, len(bugs)
-    final, ref = files[path], task.reference_files[path]
-    fixed = sum(final.count(b["buggy"]) <= ref.count(b["buggy"]) and final.count(b["fixed"]) >= ref.count(b["fixed"])
-                for b in bugs)
-    return fixed, len(bugs)
+        return None
+    where = meta.get("bug_sites")
+    where = where if isinstance(where, list) and len(where) == len(bugs) else [None] * len(bugs)
+    sites = [f"{meta.get('template', '')}/{w[0]}" if isinstance(w, (list, tuple)) and w else "?" for w in where]
+    known = isinstance(path, str) and path in files and path in task.reference_files and path in task.files
+    if not known:
+        return {"sites": sites, "outcomes": ["changed"] * len(bugs), "stray_lines": 0, "elsewhere": 0}
+    final, ref, start = files[path], task.reference_files[path], task.files[path]
+    outcomes = []
+    for b in bugs:
+        if final.count(b["buggy"]) <= ref.count(b["buggy"]) and final.count(b["fixed"]) >= ref.count(b["fixed"]):
+            outcomes.append("fixed")
+        elif final.count(b["buggy"]) >= start.count(b["buggy"]):
+            outcomes.append("untouched")
+        else:
+            outcomes.append("changed")
+    lines = Counter(final.splitlines()) - Counter(ref.splitlines()) - Counter(start.splitlines())
+    stray = sum(lines.values())
+    return {"sites": sites, "outcomes": outcomes, "stray_lines": stray,
+            "elsewhere": max(0, stray - outcomes.count("changed"))}
 
 
 # ---- many episodes ----
@@ -239,7 +278,38 @@ def summarize_episodes(episodes: Sequence, k: int) -> dict:
     for e in episodes:
         terms[e.termination] = terms.get(e.termination, 0) + 1
     summary["terminations"] = terms
+    sites = _site_statistics([(b["bug_sites"], e.reward >= 1.0, e.termination == "submitted")
+                              for b, e in zip(beh, episodes) if b.get("bug_sites")])
+    if sites:
+        summary["bug_sites"] = sites
     return summary
+
+
+def _site_statistics(known: Sequence[tuple[dict, bool, bool]]) -> dict:
+    """From (`bug_outcomes`, success, submitted) per episode: per bug site, the share of its
+    injected bugs each outcome ends in; and the failed episodes by what their sites show,
+    the first that applies: a site changed wrongly (the fix not known), a line written away
+    from every bug (a correct line rewritten: a wrong place chosen), a site left as injected
+    (not found, or stopped before it), every site fixed (the failure lies elsewhere); with,
+    per kind, the share of the failed episodes that also never submitted (ran out of tokens or
+    turns)."""
+    if not known:
+        return {}
+    counts: dict[str, list[int]] = {}
+    for sites, _, _ in known:
+        for site, outcome in zip(sites["sites"], sites["outcomes"]):
+            c = counts.setdefault(site, [0] * len(BUG_OUTCOMES))
+            c[BUG_OUTCOMES.index(outcome)] += 1
+    failed = [(s, submitted) for s, ok, submitted in known if not ok]
+    why = [("site_changed_wrongly" if "changed" in s["outcomes"] else "line_elsewhere_rewritten" if s["elsewhere"]
+            else "site_left_as_injected" if "untouched" in s["outcomes"] else "every_site_fixed") for s, _ in failed]
+    n = max(len(failed), 1)
+    return {"per_site": {site: {"bugs": sum(c), **{o: k / sum(c) for o, k in zip(BUG_OUTCOMES, c)}}
+                         for site, c in sorted(counts.items())},
+            "failed_episodes": len(failed),
+            "failed_with": {k: why.count(k) / n for k in FAILED_SITE_KINDS},
+            "failed_not_submitted": {k: sum(w == k and not sub for w, (_, sub) in zip(why, failed)) / n
+                                     for k in FAILED_SITE_KINDS}}
 
 
 def _bug_statistics(behaviours: Sequence[dict]) -> dict:

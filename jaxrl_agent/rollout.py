@@ -39,7 +39,7 @@ from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import StepResult, ToolConfig, Tools, ToolSession, create_workspaces
 from jaxrl_agent.env.verifier import verify
-from jaxrl_agent.evaluation import bugs_fixed, episode_behaviour
+from jaxrl_agent.evaluation import bug_outcomes, bugs_fixed, episode_behaviour
 from jaxrl_agent.rewards import turn_outcomes
 from jaxrl_agent.sampling_engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
@@ -174,10 +174,11 @@ def collect_episodes(
         if vinfo.get("reason") in ("verifier_crash", "sandbox_error"):
             termination = "sandbox_error"  # the outcome is unknown: not the policy's to learn from
         meta = ep.task.metadata  # free-form in a user's task file: only strings reach the summaries
+        final = _final_sources(ep)
         info = {"task_id": ep.task.task_id, "template": str(meta.get("template", "")),
                 "split": str(meta.get("split", "")), "verify": vinfo, "seed": ep.seed,
-                "behaviour": episode_behaviour(ep.session.history, termination, reward,
-                                               bugs_fixed(ep.task, _final_sources(ep))),
+                "behaviour": episode_behaviour(ep.session.history, termination, reward, bugs_fixed(ep.task, final),
+                                               bug_outcomes(ep.task, final)),
                 "turn_outcomes": turn_outcomes(ep.session.history)}  # per-turn shaping reads these
         episode = Episode.from_builder(ep.builder, reward=reward, group_id=ep.group_id,
                                        termination=termination, info=info)

@@ -167,3 +167,65 @@ def test_bugs_fixed_counts_each_injected_bug_from_the_final_source():
         assert bugs_fixed(task, {path: buggy}) == (0, 0)
     task.metadata = {"bugs": [{"buggy": "x", "fixed": "y"}], "source_file": ["not", "a", "path"]}
     assert bugs_fixed(task, {path: buggy}) == (0, 1)
+
+
+def test_bug_outcomes_say_fixed_untouched_or_changed_per_site_and_count_stray_lines():
+    """Each injected bug is fixed, left as injected, or changed some other way; a line the
+    policy wrote that neither the reference nor the starting file holds is stray, and stray
+    lines beyond the changed sites' are edits made somewhere else (a wrong place chosen)."""
+    from jaxrl_agent.env.tasks import binary_search_task
+    from jaxrl_agent.evaluation import bug_outcomes
+
+    task = binary_search_task()
+    path = task.metadata["source_file"]
+    buggy = task.files[path]
+    sites = [f"bsearch_find/{s[0]}" for s in task.metadata["bug_sites"]]
+    assert len(sites) == 2
+    o = bug_outcomes(task, {path: buggy})
+    assert o == {"sites": sites, "outcomes": ["untouched", "untouched"], "stray_lines": 0, "elsewhere": 0}
+    first = task.metadata["bugs"][0]
+    one = buggy.replace(first["buggy"], first["fixed"])
+    assert bug_outcomes(task, {path: one})["outcomes"] == ["fixed", "untouched"]
+    assert bug_outcomes(task, {path: task.reference_files[path]})["outcomes"] == ["fixed", "fixed"]
+    wrong = buggy.replace(first["buggy"], first["buggy"].replace("\n", " + 2\n"))
+    o = bug_outcomes(task, {path: wrong})
+    assert o["outcomes"] == ["changed", "untouched"] and o["stray_lines"] == 1 and o["elsewhere"] == 0
+    # a correct line rewritten: both sites untouched, one stray line somewhere else
+    elsewhere = buggy.replace("    return -1\n", "    return 0\n")
+    assert elsewhere != buggy
+    o = bug_outcomes(task, {path: elsewhere})
+    assert o["outcomes"] == ["untouched", "untouched"] and (o["stray_lines"], o["elsewhere"]) == (1, 1)
+    # a missing file: every bug changed (not fixed, not left as it was), nothing stray to count
+    assert bug_outcomes(task, {})["outcomes"] == ["changed", "changed"]
+    for meta in ({"bugs": 2}, {"bugs": [{"buggy": 1}]}, {}):  # a user's free metadata: unknown
+        task.metadata = {**meta, "source_file": path}
+        assert bug_outcomes(task, {path: buggy}) is None
+
+
+def test_summary_counts_bug_outcomes_per_site():
+    def ep(sites, outcomes, elsewhere, r):
+        beh = {"turns": 2, "edits": 1, "ran_tests_before_submit": True, "read_file": True, "recovered": False,
+               "interface_errors": 0, "tool_errors": 0, "failure_layer": None if r else "sequential",
+               "bug_sites": {"sites": sites, "outcomes": outcomes, "stray_lines": elsewhere,
+                             "elsewhere": elsewhere}}
+        return Episode([1, 2], [0, 1], [0.0, -1.0], [0, 0], reward=r, termination="submitted",
+                       info={"task_id": "t", "template": "x", "behaviour": beh})
+
+    eps = [ep(["x/0", "x/1"], ["fixed", "fixed"], 0, 1.0), ep(["x/0", "x/1"], ["fixed", "untouched"], 1, 0.0),
+           ep(["x/1"], ["changed"], 0, 0.0), ep(["x/1"], ["untouched"], 0, 0.0)]
+    eps[-1].termination = "max_tokens"
+    s = summarize_episodes(eps, k=1)["bug_sites"]
+    assert s["per_site"]["x/0"] == {"bugs": 2, "fixed": 1.0, "untouched": 0.0, "changed": 0.0}
+    assert s["per_site"]["x/1"] == {"bugs": 4, "fixed": 0.25, "untouched": 0.5, "changed": 0.25}
+    # failed: a correct line rewritten (and a site left: the rewrite comes first), a site changed
+    # wrongly, a site left as injected by an episode that ran out of tokens
+    assert s["failed_episodes"] == 3
+    third = pytest.approx(1 / 3)
+    assert s["failed_with"] == {"site_changed_wrongly": third, "line_elsewhere_rewritten": third,
+                                "site_left_as_injected": third, "every_site_fixed": 0.0}
+    assert s["failed_not_submitted"] == {"site_changed_wrongly": 0.0, "line_elsewhere_rewritten": 0.0,
+                                         "site_left_as_injected": third, "every_site_fixed": 0.0}
+    # episodes without bug records (a user's tasks) add no table
+    for e in eps:
+        del e.info["behaviour"]["bug_sites"]
+    assert "bug_sites" not in summarize_episodes(eps, k=1)

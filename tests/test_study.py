@@ -44,6 +44,10 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
         assert per_tool["all"]["turns"] >= 2 * 3  # read, run tests, submit at least, per episode
         assert 0.0 <= per_tool["all"]["exact"] <= per_tool["all"]["token_accuracy"] <= 1.0
     assert "teacher-forced" in (res / "results.md").read_text()
+    # every evaluation reads each injected bug from the final source (evaluation.bug_outcomes)
+    sites = summary["heldout_instances"]["sft"]["bug_sites"]
+    assert sum(c["bugs"] for c in sites["per_site"].values()) >= 1 and "failed_with" in sites
+    assert "held-out instances, failed episodes: what their sites show" in (res / "results.md").read_text()
     for name in ("training_curves.png", "final_comparison.png", "trajectory_before_rl.html",
                  "trajectory_after_rl.md", "results.md"):
         assert (res / name).stat().st_size > 0, name
@@ -62,6 +66,12 @@ def test_study_runs_every_stage_and_writes_the_summary(tmp_path, capsys):
     here = stages.rl(cfg, "rl", {"policy": str(tmp_path / "work" / "sft" / "policy")}, shuffle_rewards=False)
     assert here["train_reward"] == summary["training"]["rl"]["train_reward"]
     capsys.readouterr()
+    # the per-site table of the study's SFT policy on one validation instance
+    from experiments.binary_search_rl.sites import main as sites_main
+    assert sites_main([f"sft={tmp_path / 'work' / 'sft' / 'policy'}", "--tasks=1", "--samples=1",
+                       f"--json={tmp_path / 'sites.json'}"]) == 0
+    assert "| sft (pass@1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "sites.json").read_text())["sft"]["bug_sites"]["per_site"]
     # second invocation: every stage comes from the work dir (no SFT step is printed again)
     assert main(args) == 0
     out = capsys.readouterr().out

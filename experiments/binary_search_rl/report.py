@@ -12,6 +12,7 @@ import subprocess
 from jaxrl_agent.evaluation import paired_difference, pass_at_k_curve
 
 from experiments.binary_search_rl.diagnostics import diagnostics_markdown
+from experiments.binary_search_rl.sites import failed_rows
 
 LABELS = {"pretrain": "drilled base (no demos)", "sft": "SFT (all demos)",
           "sft_success_only": "SFT (successful demos only)",
@@ -76,6 +77,8 @@ def _split_entry(s: dict) -> dict:
     out["failure_layers"] = s["behaviour"]["failure_layers"]
     out["terminations"] = s["terminations"]
     out["per_template"] = {t: v["pass1"] for t, v in s["per_template"].items()}
+    if "bug_sites" in s:
+        out["bug_sites"] = s["bug_sites"]
     return out
 
 
@@ -299,6 +302,10 @@ def results_markdown(summary: dict) -> str:
         beh.append(f"| {label(pol, runs)} | {b.get('fixed_all_bugs', 0):.2f} | {b.get('ran_tests_before_submit', 0):.2f} | "
                    f"{b.get('recovered', 0):.2f} | {b.get('mean_turns', 0):.1f} | "
                    f"{b.get('interface_errors_per_episode', 0):.2f} | {layers} |")
+    sites = [(label(pol, runs), summary["heldout_instances"][pol]["bug_sites"]) for pol in present
+             if "bug_sites" in summary["heldout_instances"][pol]]
+    if sites:
+        beh += ["", *failed_rows(sites, "held-out instances, failed episodes")]
     paired = []
     if summary.get("training_paired"):
         paired = ["", "| training success minus its control's, paired by iteration (same tasks) | iterations | "

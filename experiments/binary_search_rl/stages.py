@@ -266,6 +266,15 @@ def validation_tasks(cfg: StudyConfig, n: int):
     return generate_tasks("train", n, cfg.seed + VALIDATION_SEED_OFFSET)
 
 
+def sampler(cfg: StudyConfig, policy: str, seed: int) -> tuple[SamplingEngine, ChatFormat]:
+    """The engine (whole episodes of the rollout's token budget) and chat format that sample
+    `policy` for the gate and the evaluations."""
+    model, tok = load_policy(policy, cfg.policy_tokenizer)
+    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
+                                                  cache_size=rollout_config(cfg).max_total_tokens, seed=seed))
+    return engine, chat_format(cfg, tok)
+
+
 def gate_decision(layers: dict[str, float], min_sequential_share: float) -> dict:
     """From the share of episodes failing in each layer: each layer's share of the failures,
     whether RL starts (no failures, or at least `min_sequential_share` of them sequential),
@@ -292,10 +301,8 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     if done is not None:
         return done
     t0 = time.time()
-    model, tok = load_policy(start["policy"], cfg.policy_tokenizer)
-    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                                                  cache_size=RolloutConfig().max_total_tokens, seed=cfg.seed))
-    summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, chat_format(cfg, tok), sandbox,
+    engine, chat = sampler(cfg, start["policy"], cfg.seed)
+    summary, _ = evaluate(validation_tasks(cfg, g.tasks), engine, chat, sandbox,
                           rollout_config(cfg), tools_config(cfg), g.samples, seed=cfg.seed, show_progress=False)
     layers = summary["behaviour"]["failure_layers"]
     result = {"pass1": summary["pass1"], f"pass{g.samples}": summary.get(f"pass{g.samples}"),
@@ -401,11 +408,8 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     if done is not None:
         return done
     t0 = time.time()
-    model, tok = load_policy(policy, cfg.policy_tokenizer)
-    chat = chat_format(cfg, tok)
+    engine, chat = sampler(cfg, policy, cfg.eval.seed)
     rollout = rollout_config(cfg)
-    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                                                  cache_size=rollout.max_total_tokens, seed=cfg.eval.seed))
     out: dict = {}
     for split, (tasks, k) in eval_sets(cfg, passk).items():
         summary, eps = evaluate(tasks, engine, chat, sandbox, rollout, tools_config(cfg), k, seed=cfg.eval.seed,
