@@ -72,3 +72,54 @@ def test_a_follow_up_named_like_another_call_is_refused():
     for jobs in (1, 2):
         with pytest.raises(ValueError, match=r"unique, got 'b' twice"):
             run_stages(jobs, calls, {"a": lambda r: [("b", operator.add, (r, 0), {})]})
+
+
+def _spawned_children(parent: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+                cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
+def test_workers_end_when_the_study_process_is_killed():
+    """A stopped study must not leave its workers running their stages, orphaned (they wrote
+    into the work dir the next run used)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\nfrom experiments.binary_search_rl.parallel import run_stages\n"
+            "run_stages(2, [('a', time.sleep, (120,), {}), ('b', time.sleep, (120,), {})])\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])
+    children: list[int] = []
+    try:
+        deadline = time.time() + 60
+        while len(children := _spawned_children(parent.pid)) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(children) == 2, "the pool's two workers never started"
+        time.sleep(3)  # past the workers' initializer
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 20
+        while any(os.path.exists(f"/proc/{c}") and "Z" not in Path(f"/proc/{c}/stat").read_text().split()[2]
+                  for c in children) and time.time() < deadline:
+            time.sleep(0.2)
+        alive = [c for c in children if os.path.exists(f"/proc/{c}")
+                 and Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert not alive, f"workers {alive} outlived the killed study process"
+    finally:
+        parent.kill()
+        for c in children:  # on a failure: no sleeping worker outlives the test
+            try:
+                os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

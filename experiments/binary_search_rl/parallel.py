@@ -19,11 +19,12 @@ stages leave idle instead of waiting for a pool of its own.
 A stage that fails does not stop the others: every call runs to its end (its result cached),
 then the first failure is raised with its stage's name; a failed stage has no follow-ups.
 Workers start fresh interpreters (spawn: a forked JAX runtime is unsafe), each with this
-process's compilation-cache settings.
+process's compilation-cache settings, and on Linux end when this process dies (`_die_with`).
 """
 from __future__ import annotations
 
 import multiprocessing
+import os
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable
 
@@ -40,11 +41,32 @@ _CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile
 """The persistent compilation cache's settings (`jaxrl_agent.compile_cache.enable`), copied to workers."""
 
 
-def _worker_init(options: dict[str, Any]) -> None:
+def _worker_init(options: dict[str, Any], parent: int) -> None:
+    _die_with(parent)
     import jax
 
     for name, value in options.items():
         jax.config.update(name, value)
+
+
+def _die_with(parent: int) -> None:
+    """Linux: this worker gets SIGTERM when the process that started it dies. A stopped study
+    (Ctrl-C twice, `kill`) otherwise leaves its busy workers running, orphaned, for the rest of
+    their stage, writing into the work dir a rerun writes to. Elsewhere a no-op."""
+    import ctypes
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call above: nobody will signal
+        os._exit(1)
 
 
 def run_stages(jobs: int, calls: list[Call], then: dict[str, FollowUp] | None = None) -> dict[str, Any]:
@@ -89,7 +111,7 @@ def run_stages(jobs: int, calls: list[Call], then: dict[str, FollowUp] | None = 
     cache = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
     futures: dict[str, Future] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init, initargs=(cache,)) as pool:
+                             initializer=_worker_init, initargs=(cache, os.getpid())) as pool:
         running = {pool.submit(fn, *args, **kwargs): name for name, fn, args, kwargs in queue}
         futures |= {name: f for f, name in running.items()}
         while running:
