@@ -57,6 +57,12 @@ def test_a_wrong_edit_branches_and_the_expert_fixes_from_there(tmp_path, sandbox
     ws = create_workspaces(workspace_files(task), str(tmp_path / "d"), 1)[0]
     _, info = correct(task, ["<tool_call>\n{\"nam"], chat, sandbox, cfg, ws)
     assert info == {"branch": 0, "policy_call": "?"}
+    # without decisions corrected, the early submit stands (nothing to correct: RL's to learn)
+    ws = create_workspaces(workspace_files(task), str(tmp_path / "c2"), 1)[0]
+    assert correct(task, _calls(path, right[0]), chat, sandbox, cfg, ws, decisions=False) == (None, {})
+    ws = create_workspaces(workspace_files(task), str(tmp_path / "b2"), 1)[0]
+    _, info = correct(task, _calls(path, right[0], wrong), chat, sandbox, cfg, ws, decisions=False)
+    assert info == {"branch": 4, "policy_call": "replace_lines"}  # a wrong edit is still corrected
     # the same test run twice without a change is not accepted either
     twice = _calls(path, tests=True, submit=False) + [format_tool_call("run_tests")]
     ws = create_workspaces(workspace_files(task), str(tmp_path / "e"), 1)[0]

@@ -52,8 +52,11 @@ class _State:
     turns: list[tuple[str, str]] = field(default_factory=list)  # (call text, observation)
 
 
-def accepted(state: _State, current: str, reference: str, tool_style: str) -> set[str]:
-    """The call texts the expert would accept as its next one (see the module docstring)."""
+def accepted(state: _State, current: str, reference: str, tool_style: str, decisions: bool = True) -> set[str]:
+    """The call texts the expert would accept as its next one (see the module docstring);
+    without `decisions`, also any `run_tests` and `submit` once the source was read: the
+    policy's decisions stand and only its basic behaviour (paths, reads, edits, the call
+    format) is corrected, so RL still has the decisions to learn (DESIGN §9b)."""
     if not state.listed:
         return {format_tool_call("list_files")}
     read = format_tool_call("read_file", {"path": state.path})
@@ -64,17 +67,20 @@ def accepted(state: _State, current: str, reference: str, tool_style: str) -> se
         ok.add(format_tool_call("run_tests"))
     name, edits = plan_edits(current, reference, state.path, tool_style)
     ok |= {format_tool_call(name, e) for e in edits}
-    if current == reference:
+    if current == reference or not decisions:
         ok.add(format_tool_call("submit"))
+    if not decisions:
+        ok.add(format_tool_call("run_tests"))
     return ok
 
 
 def correct(task: Task, calls: list[str], chat: ChatFormat, sandbox, tool_cfg: ToolConfig, workspace: str,
-            *, system_prompt: str = SYSTEM_PROMPT) -> tuple[Episode | None, dict]:
+            *, system_prompt: str = SYSTEM_PROMPT, decisions: bool = True) -> tuple[Episode | None, dict]:
     """The corrected episode of one policy episode (its calls' texts, in order) on `task`, or
     None when every call is accepted (or the task has no single source file to correct);
     with what happened: {"branch": index of the first call not accepted, "policy_call": the
-    tool it named ("?" when unparsed)}. `workspace`: a fresh copy of the task's files."""
+    tool it named ("?" when unparsed)}. `workspace`: a fresh copy of the task's files;
+    `decisions`: as `accepted`."""
     refs = sorted(task.reference_files)
     if len(refs) != 1:
         return None, {"skipped": "not one source file"}
@@ -106,7 +112,7 @@ def correct(task: Task, calls: list[str], chat: ChatFormat, sandbox, tool_cfg: T
     for k, text in enumerate(calls):
         if session.termination is not None:
             break
-        if text not in accepted(state, current(), reference, chat.tool_style):
+        if text not in accepted(state, current(), reference, chat.tool_style, decisions):
             branch = k
             break
         act(text)
@@ -162,15 +168,15 @@ def episode_calls(episode: Episode, decode) -> list[str]:
 
 def collect_corrections(tasks: list[Task], calls: list[list[str]], chat: ChatFormat, sandbox, *,
                         tool_cfg: ToolConfig = ToolConfig(), max_tokens: int = 1024,
-                        threads: int = 2) -> tuple[list[Episode], dict]:
+                        threads: int = 2, decisions: bool = True) -> tuple[list[Episode], dict]:
     """`correct` over (task, its policy episode's calls) pairs; corrected episodes longer than
-    `max_tokens` are dropped. Returns the episodes (in pair order) and counts: pairs,
+    `max_tokens` are dropped; `decisions` as `accepted`. Returns the episodes (in pair order) and counts: pairs,
     corrected, accepted throughout, skipped, too long, and the corrected ones by the tool the
     policy named at the branch."""
     with tempfile.TemporaryDirectory(prefix="jxa-corrections-") as root:
         def one(i: int):
             ws = create_workspaces(workspace_files(tasks[i]), os.path.join(root, str(i)), 1)[0]
-            return correct(tasks[i], calls[i], chat, sandbox, tool_cfg, ws)
+            return correct(tasks[i], calls[i], chat, sandbox, tool_cfg, ws, decisions=decisions)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
             results = list(pool.map(one, range(len(tasks))))
@@ -195,11 +201,11 @@ demonstrations (seed), the drills (+100), the validation instances (+5555)."""
 
 
 def correction_round(cfg, policy: str, demos: list[Episode], *, tasks: int, steps: int, learning_rate: float,
-                     repeat: int, name: str, sandbox) -> dict:
+                     repeat: int, name: str, sandbox, decisions: bool = True) -> dict:
     """One DAgger round: `policy` samples one episode on each of `tasks` fresh training
     instances (half with made-up file names, as the demonstrations), the failures' corrections
     (repeated `repeat` times) join `demos`, and `policy` is fine-tuned on them for `steps`
-    (`stages._fit`, exported to `<work_dir>/<name>/policy`)."""
+    (`stages._fit`, exported to `<work_dir>/<name>/policy`); `decisions` as `accepted`."""
     from jaxrl_agent.env.tasks import generate_tasks
     from jaxrl_agent.rl import evaluate
 
@@ -217,7 +223,8 @@ def correction_round(cfg, policy: str, demos: list[Episode], *, tasks: int, step
     failed = [e for e in eps if e.reward < 1.0]
     fixes, stats = collect_corrections([by_id[e.info["task_id"]] for e in failed],
                                        [episode_calls(e, chat.tokenizer.decode) for e in failed], chat, sandbox,
-                                       tool_cfg=stages.tools_config(cfg), threads=cfg.sandbox_workers)
+                                       tool_cfg=stages.tools_config(cfg), threads=cfg.sandbox_workers,
+                                       decisions=decisions)
     print(f"[{name}] policy pass@1 {summary['pass1']:.3f} on {len(pool)} training instances; corrections {stats}",
           flush=True)
     fit = stages._fit(cfg, name, list(demos) + fixes * repeat, steps=steps, batch_size=cfg.sft.batch_size,
@@ -244,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--learning_rate", type=float, default=5e-4)
     p.add_argument("--repeat", type=int, default=1, help="copies of each correction in the data")
+    p.add_argument("--decisions", choices=("true", "false"), default="true",
+                   help="false: correct basic behaviour only; the policy's run_tests / submit decisions stand")
     p.add_argument("--name", default="corrections")
     p.add_argument("--work_dir", default="runs/corrections")
     args = p.parse_args(argv)
@@ -257,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(StudyConfig(), work_dir=args.work_dir)
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
         out = correction_round(cfg, args.policy, _load_episodes(args.demos), tasks=args.tasks, steps=args.steps,
-                               learning_rate=args.learning_rate, repeat=args.repeat, name=args.name, sandbox=sandbox)
+                               learning_rate=args.learning_rate, repeat=args.repeat, name=args.name, sandbox=sandbox,
+                               decisions=args.decisions == "true")
     out.pop("nll", None)
     print(json.dumps(out, indent=1))
     return 0
