@@ -10,8 +10,10 @@
   calls that made no progress: no edit applied, no injected bug fixed, never submitted),
   "sequential" (progress made - some bug fixed - and submitted, outcome wrong), or
   "infrastructure" (a sandbox / verifier error: not the policy's fault);
+- `bug_outcomes`: each injected bug of a generated task as the final source left it (fixed,
+  left as injected, changed) and lines rewritten away from every bug;
 - `summarize_episodes`: pass@1 / pass@k with Wilson 95% intervals, per template, plus the
-  behaviour statistics, as one JSON-ready dict.
+  behaviour statistics and, per bug site, the outcomes, as one JSON-ready dict.
 """
 from __future__ import annotations
 
