@@ -31,7 +31,7 @@ from jaxrl_agent.env.tool_calls import EDIT_TOOLS
 from jaxrl_agent.trajectory import Episode
 
 SOURCES = ("verifier", "reward_model", "sum")
-TURN_OUTCOMES = ("ok", "interface_error", "tool_error", "repeated_test")
+TURN_OUTCOMES = ("ok", "interface_error", "tool_error", "repeated_test", "unchanged_edit")
 
 
 # ---- per-turn outcomes and shaping ----
@@ -40,8 +40,10 @@ def turn_outcomes(history: Sequence) -> list[str]:
 
     "interface_error"  the call never reached a tool (parse error, unknown tool, bad arguments);
     "tool_error"       a legal call the tool could not carry out (missing file, `old` not found);
-    "repeated_test"    `run_tests` with no successful edit since the previous `run_tests`: the
-                       workspace is unchanged, so the result cannot be new;
+    "repeated_test"    `run_tests` with no edit that changed a file since the previous
+                       `run_tests`: the workspace is unchanged, so the result cannot be new;
+    "unchanged_edit"   an edit carried out that changed nothing (`StepResult.changed` False:
+                       the lines already held its text, e.g. a correct line rewritten in a loop);
     "ok"               anything else.
     Turn k of the list is turn k of the episode (`Episode.turn_id`)."""
     out, tested_since_edit = [], False
@@ -50,15 +52,16 @@ def turn_outcomes(history: Sequence) -> list[str]:
             out.append("interface_error")
             continue
         name = step.call.name
+        unchanged = name in EDIT_TOOLS and step.tool_ok and getattr(step, "changed", None) is False
         if not step.tool_ok:
             out.append("tool_error")
         elif name == "run_tests" and tested_since_edit:
             out.append("repeated_test")
         else:
-            out.append("ok")
+            out.append("unchanged_edit" if unchanged else "ok")
         if name == "run_tests":
             tested_since_edit = True
-        elif name in EDIT_TOOLS and step.tool_ok:
+        elif name in EDIT_TOOLS and step.tool_ok and not unchanged:
             tested_since_edit = False
     return out
 
@@ -66,7 +69,7 @@ def turn_outcomes(history: Sequence) -> list[str]:
 def shaped_turn_rewards(outcomes: Sequence[str], cfg: RewardConfig) -> dict[int, float]:
     """Turn index -> shaped reward from the per-turn outcome labels (zeros left out)."""
     table = {"ok": 0.0, "interface_error": cfg.interface_error_penalty, "tool_error": cfg.tool_error_penalty,
-             "repeated_test": cfg.repeated_test_penalty}
+             "repeated_test": cfg.repeated_test_penalty, "unchanged_edit": cfg.unchanged_edit_penalty}
     out = {}
     for k, o in enumerate(outcomes):
         if o not in table:
@@ -77,7 +80,8 @@ def shaped_turn_rewards(outcomes: Sequence[str], cfg: RewardConfig) -> dict[int,
 
 
 def shaping_enabled(cfg: RewardConfig) -> bool:
-    return any((cfg.interface_error_penalty, cfg.tool_error_penalty, cfg.repeated_test_penalty))
+    return any((cfg.interface_error_penalty, cfg.tool_error_penalty, cfg.repeated_test_penalty,
+                cfg.unchanged_edit_penalty))
 
 
 # ---- running normalisation ----

@@ -15,7 +15,7 @@ batching: a finished row is refilled with the next pending episode at once). Per
                                               episode can earn it; the others score 0)
 
 Episodes come back with the verifier's reward and, in `info["turn_outcomes"]`, one label per
-turn (ok / interface_error / tool_error / repeated_test) for optional per-turn shaping
+turn (ok / interface_error / tool_error / repeated_test / unchanged_edit) for optional per-turn shaping
 (rewards.py); what the update trains on is composed later (rl.py, rewards.RewardComposer).
 
 Tool calls and verifications run in a thread pool, so while some rows wait on the sandbox

@@ -214,6 +214,27 @@ def test_replace_lines_accepts_read_files_numbers(ws):
     assert open(os.path.join(ws, "bsearch.py")).read().splitlines()[9:11] == ["a", "b"]
 
 
+def test_an_edit_that_changes_nothing_says_so(ws):
+    """Rewriting lines with what they already hold (or str_replace with old == new) leaves the
+    file as it was, and the observation says so instead of the usual "Edited": a policy that
+    rewrites an already-correct line in a loop is told, and `changed` lets the reward see it."""
+    tools = Tools(ws, [])
+    path = os.path.join(ws, "bsearch.py")
+    before, inode = open(path).read(), os.stat(path).st_ino
+    line10 = before.splitlines()[9]
+    for args in ({"start": 10, "end": 10, "text": line10}, {"start": 10, "end": 10, "text": line10 + "\n"},
+                 {"start": 10, "end": 10, "text": f"10|{line10}"}, {"start": 3, "end": 2, "text": ""}):
+        res = call(tools, "replace_lines", path="bsearch.py", **args)
+        assert res.ok and res.changed is False and res.text.startswith("No change: bsearch.py"), (args, res.text)
+        assert "Edited" not in res.text
+    res = call(tools, "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid\n")
+    assert res.ok and res.changed is False and res.text.startswith("No change: bsearch.py")
+    assert open(path).read() == before and os.stat(path).st_ino == inode  # not even rewritten
+    res = call(tools, "replace_lines", path="bsearch.py", start=10, end=10, text="            low = mid + 1")
+    assert res.ok and res.changed is True and res.text.startswith("Edited")
+    assert call(tools, "read_file", path="bsearch.py").changed is None  # not an edit
+
+
 @pytest.mark.parametrize("start,end", [(0, 1), (3, 1), (1, 99), (99, 99)])
 def test_replace_lines_bad_range_is_an_error(ws, start, end):
     before = open(os.path.join(ws, "bsearch.py")).read()

@@ -21,9 +21,9 @@ from jaxrl_agent.trajectory import Episode, collate
 TRAJ = TrajectoryConfig(buckets=(16,))
 
 
-def _step(name=None, ok=True, error=False):
+def _step(name=None, ok=True, error=False, changed=None):
     call = None if error else SimpleNamespace(name=name)
-    return ("text", SimpleNamespace(error="parse" if error else None, call=call, tool_ok=ok))
+    return ("text", SimpleNamespace(error="parse" if error else None, call=call, tool_ok=ok, changed=changed))
 
 
 def _three_turns(reward=1.0, group=0, turn_rewards=None, start=1):
@@ -48,6 +48,18 @@ def test_turn_outcomes_label_each_turn():
     assert shaped_turn_rewards(turn_outcomes(history), RewardConfig()) == {}  # off by default
     with pytest.raises(ValueError, match="unknown turn outcome 'oops' at turn 1"):
         shaped_turn_rewards(["ok", "oops"], cfg)
+
+
+def test_an_edit_that_changed_nothing_is_its_own_outcome():
+    """Rewriting a line with what it holds is labelled, and the test run after it is a repeat:
+    the workspace is the one the previous run saw."""
+    history = [_step("replace_lines", changed=True), _step("run_tests"), _step("replace_lines", changed=False),
+               _step("run_tests"), _step("str_replace", changed=False), _step("replace_lines", ok=False),
+               _step("replace_lines", changed=True), _step("run_tests")]
+    assert turn_outcomes(history) == ["ok", "ok", "unchanged_edit", "repeated_test", "unchanged_edit",
+                                      "tool_error", "ok", "ok"]
+    cfg = RewardConfig(unchanged_edit_penalty=-0.1)
+    assert shaped_turn_rewards(turn_outcomes(history), cfg) == {2: -0.1, 4: -0.1}
 
 
 def test_turn_rewards_land_on_the_last_policy_token_of_their_turn():

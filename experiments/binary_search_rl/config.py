@@ -169,6 +169,10 @@ class RLStage:
     """Shaped reward on a turn whose tool call failed (e.g. `old` text not found); 0: none."""
     interface_error_penalty: float = 0.0
     """Shaped reward on a turn whose call never reached a tool (malformed call); 0: none."""
+    unchanged_edit_penalty: float = 0.0
+    """Shaped reward on an edit that changed nothing (the tool answers "No change": a correct
+    line rewritten, the loop that ends most of GRPO's budget-exhausted failures); 0: none. The
+    shuffled-reward control permutes the verifier's rewards only, so it keeps this signal."""
     mini_batches: int = 4
     """Optimizer updates per rollout batch (group advantages are computed once over the
     whole batch, then PPO-clipped updates on each mini-batch)."""

@@ -134,6 +134,16 @@ class ToolResult:
     done: bool = False
     termination: str | None = None
     """"submitted" or "sandbox_error" when the tool ends the episode."""
+    changed: bool | None = None
+    """For an edit that was carried out: whether the file's text changed (False: the lines
+    already held the text, nothing was written). None for every other tool and for errors."""
+
+
+def _unchanged(path: str, what: str) -> ToolResult:
+    """An edit whose text is already there: nothing is written, and the observation says so,
+    where "Edited" would hide that the file is the one the last test run saw (a policy
+    rewriting a correct line in a loop; `rewards.turn_outcomes` labels the turn)."""
+    return ToolResult(f"No change: {path} {what}; the file is as it was.", changed=False)
 
 
 class Tools:
@@ -181,12 +191,14 @@ class Tools:
                             "(start..end inclusive; end = start - 1 inserts before start).")
         new = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
         new = [] if text == "" else _strip_numbers(new, start)
+        if lines[start - 1:end] == new:
+            return _unchanged(path, f"lines {start}-{end} already read" + (" this" if new else " nothing"))
         lines[start - 1:end] = new
         write_atomic(full, "\n".join(lines) + ("\n" if lines and (old.endswith("\n") or not old) else ""))
         if not new:
-            return ToolResult(f"Edited {path}: deleted lines {start}-{end}.")
+            return ToolResult(f"Edited {path}: deleted lines {start}-{end}.", changed=True)
         shown = min(len(new), 10)
-        return ToolResult(f"Edited {path}:\n" + numbered(lines, start, start + shown - 1))
+        return ToolResult(f"Edited {path}:\n" + numbered(lines, start, start + shown - 1), changed=True)
 
     def _str_replace(self, path: str, old: str, new: str) -> ToolResult:
         full = resolve(self.workspace, path)
@@ -202,8 +214,10 @@ class Tools:
             raise ToolError(f"Error: old text occurs {count} times in {path}; include more "
                             "surrounding lines to make it unique.")
         line = text[: text.index(old)].count("\n") + 1
+        if new == old:
+            return _unchanged(path, f"the text at line {line} already reads new")
         write_atomic(full, text.replace(old, new, 1))
-        return ToolResult(f"Edited {path} at line {line}.")
+        return ToolResult(f"Edited {path} at line {line}.", changed=True)
 
     def _run_tests(self) -> ToolResult:
         if self.sandbox is None:
@@ -282,6 +296,8 @@ class StepResult:
     call: ToolCall | None
     error: ParseError | None = None
     tool_ok: bool = True
+    changed: bool | None = None
+    """`ToolResult.changed`: whether an edit changed the file (None: not an edit)."""
 
 
 @dataclass
@@ -314,7 +330,7 @@ class ToolSession:
         else:
             self.parse_errors_in_row = 0
             res = self.tools(call)
-            out = StepResult(res.text, res.done, res.termination, call, None, res.ok)
+            out = StepResult(res.text, res.done, res.termination, call, None, res.ok, res.changed)
         if not out.done and self.turns >= self.cfg.max_turns:
             out.done, out.termination = True, "max_turns"
         self.termination = out.termination if out.done else None
