@@ -2,7 +2,7 @@
 the command's argument errors; the tiny study in test_study.py runs it on a real policy."""
 import pytest
 
-from experiments.binary_search_rl.sites import failed_rows, main, site_line, sites_markdown
+from experiments.binary_search_rl.sites import failed_rows, main, paired_rows, site_line, sites_markdown
 
 
 def test_site_line_names_the_line_a_site_should_read():
@@ -34,3 +34,18 @@ def test_command_names_its_expected_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["a=b", "--tasks=0"])
     assert "--tasks and --samples must be >= 1" in capsys.readouterr().err
+
+
+def test_each_policy_is_paired_by_task_with_the_first():
+    """The same validation instances for every policy: each one's per-task pass rates minus the
+    first policy's, with the bootstrap interval; a policy on other tasks is an error."""
+    result = {"sft": {"pass1": 0.25, "per_task": {"a": [0, 4], "b": [2, 4], "c": [1, 4], "d": [1, 4]}},
+              "rl": {"pass1": 0.625, "per_task": {"a": [2, 4], "b": [4, 4], "c": [2, 4], "d": [2, 4]}}}
+    rows = paired_rows(result)
+    assert rows[0].startswith("| policy | pass@1 | minus sft, paired by task")
+    assert rows[2] == "| sft | 0.250 | - |"
+    assert rows[3] == "| rl | 0.625 | +0.375 [+0.250, +0.500] (p 0.125, 4 tasks) |"
+    assert paired_rows({"sft": result["sft"]}) == []  # nothing to pair
+    result["rl"]["per_task"] = {"a": [2, 4]}
+    with pytest.raises(ValueError, match="rl and sft were sampled on different tasks"):
+        paired_rows(result)

@@ -10,7 +10,8 @@ site changed wrongly) from a bug it did not find (left as injected, a correct li
 instead) and from one it stopped before (left as injected, nothing written elsewhere).
 
     policies --sampler--> episodes on validation_tasks(cfg, tasks) x samples
-             --summarize_episodes--> bug_sites {per_site, failed_with} --> markdown tables
+             --summarize_episodes--> bug_sites {per_site, failed_with}, per_task --> markdown tables
+                                     (each policy paired by task with the first one)
 
 A measurement; what it shows chooses nothing unless measured again on validation.
 `python -m experiments.binary_search_rl.sites sft=DIR rl=DIR [--tasks=64 --samples=4]`.
@@ -21,7 +22,7 @@ import json
 import sys
 
 from jaxrl_agent.env.tasks import TEMPLATES
-from jaxrl_agent.evaluation import FAILED_SITE_KINDS
+from jaxrl_agent.evaluation import FAILED_SITE_KINDS, paired_difference
 from jaxrl_agent.rl import evaluate
 
 from experiments.binary_search_rl.config import StudyConfig
@@ -48,7 +49,7 @@ def site_outcomes(cfg: StudyConfig, policies: dict[str, str], sandbox, tasks: in
         summary, _ = evaluate(validation_tasks(cfg, tasks), engine, chat, sandbox, rollout_config(cfg),
                               tools_config(cfg), samples, seed=cfg.seed, show_progress=False)
         out[name] = {"pass1": summary["pass1"], "failure_layers": summary["behaviour"]["failure_layers"],
-                     "bug_sites": summary.get("bug_sites", {})}
+                     "bug_sites": summary.get("bug_sites", {}), "per_task": summary["per_task"]}
         print(f"[sites] {name}: validation pass@1 {summary['pass1']:.3f}", flush=True)
     return out
 
@@ -68,6 +69,27 @@ def sites_markdown(result: dict) -> str:
         rows.append(f"| {site_line(site)} | " + " | ".join(cells) + " |")
     rows += [""] + failed_rows([(f"{n} (pass@1 {result[n]['pass1']:.3f})", result[n]["bug_sites"]) for n in names])
     return "\n".join(rows) + "\n"
+
+
+def paired_rows(result: dict) -> list[str]:
+    """Each policy's per-task pass rate minus the first policy's on the same instances, with
+    the bootstrap interval and sign test (`evaluation.paired_difference`); [] for one policy.
+    Pairing removes the instances' difficulty, which dominates the unpaired intervals."""
+    names = list(result)
+    if len(names) < 2:
+        return []
+    base = names[0]
+    rates = {n: {t: s / k for t, (s, k) in result[n]["per_task"].items()} for n in names}
+    rows = [f"| policy | pass@1 | minus {base}, paired by task [95% interval] (sign test p) |", "|---|---|---|",
+            f"| {base} | {result[base]['pass1']:.3f} | - |"]
+    for n in names[1:]:
+        if set(rates[n]) != set(rates[base]):
+            raise ValueError(f"{n} and {base} were sampled on different tasks: run them in one sites.py call")
+        keys = sorted(rates[base])
+        d = paired_difference([rates[n][k] for k in keys], [rates[base][k] for k in keys])
+        rows.append(f"| {n} | {result[n]['pass1']:.3f} | {d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] "
+                    f"(p {d['sign_p']:.3f}, {d['n']} tasks) |")
+    return rows
 
 
 _HEADS = {"site_changed_wrongly": "a site changed wrongly", "line_elsewhere_rewritten": "a correct line rewritten",
@@ -111,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     print(sites_markdown(result))
+    print("\n".join(paired_rows(result)))
     return 0
 
 
