@@ -366,7 +366,7 @@ class RewardConfig:
     test run: its result cannot differ, so it cannot change the outcome."""
     unchanged_edit_penalty: float = 0.0
     """Per-turn shaped reward on an edit that changed nothing (the lines already held its
-    text; the tool answers "No change"): the turn that loops on a correct line."""
+    text, `StepResult.changed` False): the turn that loops on a correct line."""
     pairs_out: str = ""
     """Append the preference pairs each iteration's rollouts yield (two episodes of one task
     whose verifier rewards differ) to this JSONL file, the input of `rm-train` ("" = off)."""

@@ -214,21 +214,25 @@ def test_replace_lines_accepts_read_files_numbers(ws):
     assert open(os.path.join(ws, "bsearch.py")).read().splitlines()[9:11] == ["a", "b"]
 
 
-def test_an_edit_that_changes_nothing_says_so(ws):
+@pytest.mark.parametrize("report", [False, True])
+def test_an_edit_that_changes_nothing_is_marked(ws, report):
     """Rewriting lines with what they already hold (or str_replace with old == new) leaves the
-    file as it was, and the observation says so instead of the usual "Edited": a policy that
-    rewrites an already-correct line in a loop is told, and `changed` lets the reward see it."""
-    tools = Tools(ws, [])
+    file as it was, not even rewritten, and `changed` is False so the reward can see it; with
+    `report_unchanged` the observation says so instead of the usual "Edited"."""
+    tools = Tools(ws, [], cfg=ToolConfig(report_unchanged=report))
     path = os.path.join(ws, "bsearch.py")
     before, inode = open(path).read(), os.stat(path).st_ino
     line10 = before.splitlines()[9]
     for args in ({"start": 10, "end": 10, "text": line10}, {"start": 10, "end": 10, "text": line10 + "\n"},
                  {"start": 10, "end": 10, "text": f"10|{line10}"}, {"start": 3, "end": 2, "text": ""}):
         res = call(tools, "replace_lines", path="bsearch.py", **args)
-        assert res.ok and res.changed is False and res.text.startswith("No change: bsearch.py"), (args, res.text)
-        assert "Edited" not in res.text
+        assert res.ok and res.changed is False, args
+        assert res.text.startswith("No change: bsearch.py" if report else "Edited bsearch.py"), (args, res.text)
+    assert call(tools, "replace_lines", path="bsearch.py", start=10, end=10, text=line10).text == (
+        f"No change: bsearch.py lines 10-10 already read this; the file is as it was." if report
+        else f"Edited bsearch.py:\n10|{line10}")  # what it always said
     res = call(tools, "str_replace", path="bsearch.py", old="low = mid\n", new="low = mid\n")
-    assert res.ok and res.changed is False and res.text.startswith("No change: bsearch.py")
+    assert res.ok and res.changed is False and res.text.startswith("No change" if report else "Edited bsearch.py at")
     assert open(path).read() == before and os.stat(path).st_ino == inode  # not even rewritten
     res = call(tools, "replace_lines", path="bsearch.py", start=10, end=10, text="            low = mid + 1")
     assert res.ok and res.changed is True and res.text.startswith("Edited")

@@ -170,9 +170,10 @@ class RLStage:
     interface_error_penalty: float = 0.0
     """Shaped reward on a turn whose call never reached a tool (malformed call); 0: none."""
     unchanged_edit_penalty: float = 0.0
-    """Shaped reward on an edit that changed nothing (the tool answers "No change": a correct
-    line rewritten, the loop that ends most of GRPO's budget-exhausted failures); 0: none. The
-    shuffled-reward control permutes the verifier's rewards only, so it keeps this signal."""
+    """Shaped reward on an edit that changed nothing (a correct line rewritten with what it
+    holds: the loop that ends most of GRPO's budget-ended failures); 0: none. -0.1 did no
+    better on validation (README of the study, "Budget-ended failures"). The shuffled-reward
+    control permutes the verifier's rewards only, so it keeps this signal."""
     mini_batches: int = 4
     """Optimizer updates per rollout batch (group advantages are computed once over the
     whole batch, then PPO-clipped updates on each mini-batch)."""
@@ -263,6 +264,9 @@ class StudyConfig:
     looping test, on the 2 cores the sampler needs too (`benchmarks/bench_rollout.py` for
     run_tests, `benchmarks/bench_verify_limit.py` for the verifier, whose default limit is 1 s:
     the canonical task's kind loops when submitted with its silent bug)."""
+    report_unchanged_edits: bool = False
+    """The tools answer "No change" to an edit that changes nothing (`ToolConfig.report_unchanged`)
+    in the gate, RL and the evaluations; off: "Edited", as the shipped policies were measured."""
     policy_tokenizer: str = "file"
     """How the gate, the RL runs and the evaluations read an exported policy's tokenizer
     (`jaxrl_agent.tokenizer.load_tokenizer`): "file", the tokenizer.json the demonstrations,

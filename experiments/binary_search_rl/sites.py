@@ -120,13 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=64, help="validation instances (train split, seed 0 + 5555)")
     p.add_argument("--samples", type=int, default=4, help="episodes per instance")
     p.add_argument("--json", default=None, help="where to write the numbers as JSON")
+    p.add_argument("--report_unchanged_edits", action="store_true",
+                   help="the tools answer \"No change\" to an edit that changes nothing (StudyConfig field)")
     args = p.parse_args(argv)
     bad = [x for x in args.policies if "=" not in x]
     if bad:
         p.error(f"expected name=policy_dir, got {bad}")
     if args.tasks < 1 or args.samples < 1:
         p.error(f"--tasks and --samples must be >= 1, got {args.tasks} and {args.samples}")
-    cfg = StudyConfig()
+    cfg = StudyConfig(report_unchanged_edits=args.report_unchanged_edits)
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
         result = site_outcomes(cfg, dict(x.split("=", 1) for x in args.policies), sandbox, args.tasks, args.samples)
     if args.json:

@@ -52,7 +52,13 @@ ENGINE_ROWS = 16
 
 
 def tools_config(cfg: StudyConfig) -> ToolConfig:
-    return ToolConfig(test_timeout_s=cfg.test_timeout_s)
+    return ToolConfig(test_timeout_s=cfg.test_timeout_s, report_unchanged=cfg.report_unchanged_edits)
+
+
+def tools_stamp(cfg: StudyConfig) -> dict:
+    """What every stage that runs the tools depends on from them (the reporting of unchanged
+    edits only when on, so the default stamps are the ones the cached stages carry)."""
+    return {"test_timeout_s": cfg.test_timeout_s, **({"report_unchanged_edits": True} if cfg.report_unchanged_edits else {})}
 
 
 def rollout_config(cfg: StudyConfig, **fields) -> RolloutConfig:
@@ -68,7 +74,7 @@ def chat_format(cfg: StudyConfig, tok=None) -> ChatFormat:
 def _demo_stamp(cfg: StudyConfig) -> dict:
     """Everything the demonstrations depend on; the SFT stages carry it in their own stamps,
     so new demonstrations always retrain them (the test limit is quoted in test output)."""
-    return {"demos": asdict(cfg.demos), "seed": cfg.seed, "test_timeout_s": cfg.test_timeout_s,
+    return {"demos": asdict(cfg.demos), "seed": cfg.seed, **tools_stamp(cfg),
             "tool_style": cfg.tool_style, "expert": code_fingerprint(expert)}
 
 
@@ -294,7 +300,7 @@ def gate(cfg: StudyConfig, start: dict, sandbox) -> dict:
     """The SFT policy's sampled episodes on validation instances, by failure layer (DESIGN
     §9b): RL starts only when most failures are sequential decisions (`cfg.gate`)."""
     g = cfg.gate
-    stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], "test_timeout_s": cfg.test_timeout_s,
+    stamp = {"gate": asdict(g), "seed": cfg.seed, "policy": start["policy"], **tools_stamp(cfg),
              "tokenizer": cfg.policy_tokenizer,
              "policy_mtime": policy_mtime(start["policy"]), "evaluation_code": code_fingerprint(evaluation)}
     done = cached(cfg, "gate", stamp)
@@ -326,7 +332,7 @@ def rl(cfg: StudyConfig, name: str, start: dict, *, shuffle_rewards: bool, algo:
     seed = cfg.seed if seed is None else seed
     run = {k: v for k, v in asdict(r).items() if k not in ("seeds", "second_algo")} | {"algo": algo}
     stamp = {"rl": run, "seed": seed, "shuffle": shuffle_rewards, "start": start["policy"],
-             "start_mtime": policy_mtime(start["policy"]), "test_timeout_s": cfg.test_timeout_s,
+             "start_mtime": policy_mtime(start["policy"]), **tools_stamp(cfg),
              "tokenizer": cfg.policy_tokenizer}
     done = cached(cfg, name, stamp)
     if done is not None:
@@ -401,7 +407,7 @@ def evaluate_policy(cfg: StudyConfig, name: str, policy: str, sandbox, *, passk:
     """pass@1 / pass@k with Wilson intervals and behaviour statistics on the three sets (with
     `passk`, `eval.passk_samples` episodes per held-out instance); the first canonical episode
     is kept (ids + masks) for the rendered example trajectory."""
-    stamp = {"eval": asdict(cfg.eval), "policy": policy, "test_timeout_s": cfg.test_timeout_s,
+    stamp = {"eval": asdict(cfg.eval), "policy": policy, **tools_stamp(cfg),
              "tokenizer": cfg.policy_tokenizer,
              "policy_mtime": policy_mtime(policy), "passk": passk, "evaluation_code": code_fingerprint(evaluation)}
     key = f"eval_{name}"

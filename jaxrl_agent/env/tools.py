@@ -46,6 +46,12 @@ class ToolConfig:
     tests take milliseconds, and a looping bug costs this much per test in every rollout)."""
     run_timeout_s: float = 10.0
     """Wall limit of one `run_tests` call."""
+    report_unchanged: bool = False
+    """An edit that changes nothing (the lines already hold its text) answers "No change: ..."
+    instead of the usual "Edited ..." (either way nothing is written and `StepResult.changed`
+    is False). Off by default: the study's policies were trained and measured with "Edited";
+    with it on, GRPO from the shipped SFT policy did no better on validation (study README,
+    "Budget-ended failures")."""
 
 
 # ---- workspace helpers ----
@@ -140,9 +146,9 @@ class ToolResult:
 
 
 def _unchanged(path: str, what: str) -> ToolResult:
-    """An edit whose text is already there: nothing is written, and the observation says so,
-    where "Edited" would hide that the file is the one the last test run saw (a policy
-    rewriting a correct line in a loop; `rewards.turn_outcomes` labels the turn)."""
+    """The observation of an edit whose text is already there (`ToolConfig.report_unchanged`),
+    where "Edited" hides that the file is the one the last test run saw (a policy rewriting a
+    correct line in a loop; `rewards.turn_outcomes` labels the turn either way)."""
     return ToolResult(f"No change: {path} {what}; the file is as it was.", changed=False)
 
 
@@ -191,14 +197,16 @@ class Tools:
                             "(start..end inclusive; end = start - 1 inserts before start).")
         new = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
         new = [] if text == "" else _strip_numbers(new, start)
-        if lines[start - 1:end] == new:
-            return _unchanged(path, f"lines {start}-{end} already read" + (" this" if new else " nothing"))
+        changed = lines[start - 1:end] != new
         lines[start - 1:end] = new
-        write_atomic(full, "\n".join(lines) + ("\n" if lines and (old.endswith("\n") or not old) else ""))
+        if changed:
+            write_atomic(full, "\n".join(lines) + ("\n" if lines and (old.endswith("\n") or not old) else ""))
+        elif self.cfg.report_unchanged:
+            return _unchanged(path, f"lines {start}-{end} already read" + (" this" if new else " nothing"))
         if not new:
-            return ToolResult(f"Edited {path}: deleted lines {start}-{end}.", changed=True)
+            return ToolResult(f"Edited {path}: deleted lines {start}-{end}.", changed=changed)
         shown = min(len(new), 10)
-        return ToolResult(f"Edited {path}:\n" + numbered(lines, start, start + shown - 1), changed=True)
+        return ToolResult(f"Edited {path}:\n" + numbered(lines, start, start + shown - 1), changed=changed)
 
     def _str_replace(self, path: str, old: str, new: str) -> ToolResult:
         full = resolve(self.workspace, path)
@@ -214,10 +222,11 @@ class Tools:
             raise ToolError(f"Error: old text occurs {count} times in {path}; include more "
                             "surrounding lines to make it unique.")
         line = text[: text.index(old)].count("\n") + 1
-        if new == old:
+        if new != old:
+            write_atomic(full, text.replace(old, new, 1))
+        elif self.cfg.report_unchanged:
             return _unchanged(path, f"the text at line {line} already reads new")
-        write_atomic(full, text.replace(old, new, 1))
-        return ToolResult(f"Edited {path} at line {line}.", changed=True)
+        return ToolResult(f"Edited {path} at line {line}.", changed=new != old)
 
     def _run_tests(self) -> ToolResult:
         if self.sandbox is None:
