@@ -213,6 +213,11 @@ class TrainConfig:
     advantages when num_mini_batches > 1)."""
     logp_chunk_size: int = 64
     """Sequence chunk of the log-prob / entropy path (memory O(B * chunk * V))."""
+    logp_loss_chunks_only: bool = True
+    """Compute logits only in the chunks where some row has a loss position (`loss_mask`):
+    every loss reads log-probs there alone, so the step's results are exactly the same with
+    fewer logits (`logprobs.token_logprobs_and_entropy(mask=)`). With a batch sharded over
+    devices each chunk's test is a small all-reduce; False computes every chunk."""
     compiler_options: tuple[tuple[str, str | int | bool], ...] = ()
     """XLA options for the step's jits as (name, value) pairs, e.g.
     (("xla_backend_optimization_level", 0),) halves CPU compile time (tests)."""

@@ -27,7 +27,8 @@ def logp_and_entropy_from_logits(logits: jax.Array, targets: jax.Array) -> tuple
 
 
 def token_logprobs_and_entropy(
-    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 64
+    hidden: jax.Array, unembedding: jax.Array, tokens: jax.Array, *, chunk_size: int = 64,
+    mask: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies without a `[B, T, V]` float32 log-softmax.
 
@@ -44,6 +45,13 @@ def token_logprobs_and_entropy(
       unembedding: `[V, D]` output embedding, `CausalLM.unembedding()`.
       tokens: int32 `[B, T]`.
       chunk_size: positions of each row per chunk (static); T is padded up to a multiple.
+      mask: optional `[B, T]`, nonzero where the caller reads `logp` / `entropy` (a loss
+        mask). A chunk whose positions no row reads is skipped (`lax.cond`): no logits, its
+        outputs 0. Every read position, and the gradient of anything that reads only those,
+        is exactly the unmasked path's. An agent episode's prompt and the padding up to its
+        length bucket carry no loss, so most chunks of a batch can be skipped; the
+        unembedding matmul and log-softmax are a large share of a small model's step
+        (`benchmarks/bench_logp_skip.py`). None: every chunk.
     Returns:
       (logp, entropy), both float32 `[B, T]`.
     """
@@ -51,6 +59,8 @@ def token_logprobs_and_entropy(
         raise ValueError(f"hidden {hidden.shape} must be [B, T, D] with tokens {tokens.shape} == [B, T]")
     if unembedding.ndim != 2 or unembedding.shape[1] != hidden.shape[2]:
         raise ValueError(f"unembedding {unembedding.shape} must be [V, D={hidden.shape[2]}]")
+    if mask is not None and mask.shape != tokens.shape:
+        raise ValueError(f"mask {mask.shape} must be [B, T] like tokens {tokens.shape}")
     b, t, d = hidden.shape
     c = max(1, min(chunk_size, t))
     n = -(-t // c)  # number of chunks
@@ -64,7 +74,16 @@ def token_logprobs_and_entropy(
         logits = jnp.einsum("bcd,vd->bcv", h_c, unembedding, preferred_element_type=jnp.float32)
         return logp_and_entropy_from_logits(logits, y_c)
 
-    lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))  # [n, B, C] each
+    if mask is None:
+        lp, ent = jax.lax.map(lambda args: chunk(*args), (h, y))  # [n, B, C] each
+    else:  # position p is read when token p + 1 is: the mask shifted like the targets
+        need = jnp.concatenate([mask[:, 1:] != 0, jnp.zeros((b, 1), bool)], axis=1)
+        need = jnp.pad(need, ((0, 0), (0, n * c - t))).reshape(b, n, c).transpose(1, 0, 2).any(axis=(1, 2))  # [n]
+
+        def skip(h_c, y_c):
+            return jnp.zeros(y_c.shape, jnp.float32), jnp.zeros(y_c.shape, jnp.float32)
+
+        lp, ent = jax.lax.map(lambda args: jax.lax.cond(args[2], chunk, skip, args[0], args[1]), (h, y, need))
 
     def unchunk(x):
         return x.transpose(1, 0, 2).reshape(b, n * c)[:, :t]

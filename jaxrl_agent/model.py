@@ -335,11 +335,14 @@ class CausalLM(nnx.Module):
 
 
 def policy_outputs(
-    model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 64
+    model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 64,
+    loss_mask: jax.Array | None = None,
 ) -> PolicyOutputs:
     """Everything a loss needs from one forward pass of `model` over a padded batch.
 
-    Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]` (1 on real tokens).
+    Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]` (1 on real tokens);
+      loss_mask `[B, T]` optional: the positions the loss reads; logp / entropy are computed
+      only in chunks that hold one (0 elsewhere, `token_logprobs_and_entropy(mask=)`).
     Returns:
       `PolicyOutputs(logp, entropy, values)`, float32 `[B, T]` each, aligned with `tokens`:
       `logp[:, t]` / `entropy[:, t]` as in `token_logprobs_and_entropy` (0 at t = 0), and
@@ -347,7 +350,8 @@ def policy_outputs(
       was chosen (read from position t - 1; 0 at t = 0). `values` is None without a value head.
     """
     hidden = model.hidden_states(tokens, positions, attention_mask)
-    logp, entropy = token_logprobs_and_entropy(hidden, model.unembedding(), tokens, chunk_size=chunk_size)
+    logp, entropy = token_logprobs_and_entropy(hidden, model.unembedding(), tokens, chunk_size=chunk_size,
+                                               mask=loss_mask)
     values = None
     if model.config.value_head:
         v = model.values_from_hidden(hidden)

@@ -290,7 +290,8 @@ class TrainStep:
     def _forward(self, params: dict, rows: TrainBatch) -> PolicyOutputs:
         rows = jax.lax.with_sharding_constraint(rows, self.batch_sharding)
         return policy_outputs(self._model(params), rows.tokens, rows.positions, rows.attention_mask,
-                              chunk_size=self.cfg.logp_chunk_size)
+                              chunk_size=self.cfg.logp_chunk_size,
+                              loss_mask=rows.loss_mask if self.cfg.logp_loss_chunks_only else None)
 
     def _outputs(self, params: dict, batch: TrainBatch) -> PolicyOutputs:
         """PolicyOutputs of the full batch, computed micro-batch by micro-batch (no grad)."""

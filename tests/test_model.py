@@ -275,6 +275,42 @@ def test_chunked_logp_matches_naive(chunk_size):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_chunks_no_row_reads_are_skipped_and_nothing_read_changes():
+    """With `mask` (the positions a loss reads), a chunk where no row reads a position is not
+    computed (its logp / entropy are 0); every read position's value and every gradient equal
+    the unmasked path's exactly, because the loss multiplies the others by 0."""
+    B, T_, c = 3, 23, 5
+    kh, kw, kt = jax.random.split(jax.random.key(11), 3)
+    hidden = jax.random.normal(kh, (B, T_, 16))
+    w = jax.random.normal(kw, (50, 16))
+    tokens = jax.random.randint(kt, (B, T_), 0, 50)
+    mask = np.zeros((B, T_), np.float32)
+    mask[0, 12:14] = 1  # token 12 is predicted at position 11: chunk 2 of [0..4], [5..9], [10..14], ...
+    mask[2, 21] = 1     # position 20: chunk 4 (the padded last one)
+    mask = jnp.asarray(mask)
+
+    def loss(h, w, m):
+        lp, ent = token_logprobs_and_entropy(h, w, tokens, chunk_size=c, mask=m)
+        return jnp.sum(lp * mask) + 0.1 * jnp.sum(ent * mask), (lp, ent)
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (l_full, (lp_full, ent_full)), g_full = fn(hidden, w, None)
+    (l_skip, (lp_skip, ent_skip)), g_skip = fn(hidden, w, mask)
+    read = np.asarray(mask) > 0
+    np.testing.assert_array_equal(np.asarray(lp_skip)[read], np.asarray(lp_full)[read])
+    np.testing.assert_array_equal(np.asarray(ent_skip)[read], np.asarray(ent_full)[read])
+    assert float(l_skip) == float(l_full)
+    for a, b in zip(g_skip, g_full):
+        np.testing.assert_array_equal(a, b)
+    # the skipped chunks (0, 1, 3: positions 1..10 and 16..20 of logp) hold zeros
+    skipped = np.zeros((B, T_), bool)
+    skipped[:, 1:11] = skipped[:, 16:21] = True
+    assert not np.asarray(lp_skip)[skipped].any() and not np.asarray(ent_skip)[skipped].any()
+    assert np.asarray(lp_full)[skipped].all()  # ... which the full path does compute
+    with pytest.raises(ValueError, match="mask"):
+        token_logprobs_and_entropy(hidden, w, tokens, chunk_size=c, mask=mask[:, :-1])
+
+
 def test_chunked_logp_keeps_batch_sharding():
     """Chunks run over T: a batch sharded over 8 devices stays sharded, with no collectives."""
     mesh = Mesh(np.array(jax.devices()), ("data",))
