@@ -49,9 +49,8 @@ def token_logprobs_and_entropy(
         mask). A chunk whose positions no row reads is skipped (`lax.cond`): no logits, its
         outputs 0. Every read position, and the gradient of anything that reads only those,
         is exactly the unmasked path's. An agent episode's prompt and the padding up to its
-        length bucket carry no loss, so most chunks of a batch can be skipped; the
-        unembedding matmul and log-softmax are a large share of a small model's step
-        (`benchmarks/bench_logp_skip.py`). None: every chunk.
+        length bucket carry no loss, so some chunks of a batch can be skipped (what that saves
+        per workload: `benchmarks/bench_logp_skip.py`). None: every chunk.
     Returns:
       (logp, entropy), both float32 `[B, T]`.
     """

@@ -52,7 +52,7 @@ def turn_outcomes(history: Sequence) -> list[str]:
             out.append("interface_error")
             continue
         name = step.call.name
-        unchanged = name in EDIT_TOOLS and step.tool_ok and getattr(step, "changed", None) is False
+        unchanged = name in EDIT_TOOLS and step.tool_ok and step.changed is False
         if not step.tool_ok:
             out.append("tool_error")
         elif name == "run_tests" and tested_since_edit:

@@ -222,11 +222,12 @@ class Tools:
             raise ToolError(f"Error: old text occurs {count} times in {path}; include more "
                             "surrounding lines to make it unique.")
         line = text[: text.index(old)].count("\n") + 1
-        if new != old:
+        changed = new != old
+        if changed:
             write_atomic(full, text.replace(old, new, 1))
         elif self.cfg.report_unchanged:
             return _unchanged(path, f"the text at line {line} already reads new")
-        return ToolResult(f"Edited {path} at line {line}.", changed=new != old)
+        return ToolResult(f"Edited {path} at line {line}.", changed=changed)
 
     def _run_tests(self) -> ToolResult:
         if self.sandbox is None:
