@@ -356,7 +356,7 @@ def test_str_replace_turn_tokens_split_into_the_old_lines_copied_text_and_the_fi
 
 def _fake_split(p1: float, n: int = 200) -> dict:
     return {"pass1": p1, "pass1_ci_low": max(0.0, p1 - 0.1), "pass1_ci_high": min(1.0, p1 + 0.1), "n_episodes": n,
-            "n_tasks": 5, "behaviour": {"mean_turns": 5.0, "failure_layers": {"interface": 1 - p1}},
+            "n_tasks": 5, "behaviour": {"mean_turns": 5.0, "failure_layers": {"sequential": 1 - p1}},
             "terminations": {"submitted": 10}, "per_template": {"t": {"pass1": p1}}}
 
 
@@ -413,6 +413,9 @@ def test_report_targets_follow_the_numbers():
     assert t["control_gain_at_most_0.05"]["met"] and t["rl_minus_success_only_sft"]["met"]
     assert set(t["heldout_rl_minus_sft_at_least_0.25"]["per_seed"]) == {"rl", "rl_seed1"}
     assert t["rloo_minus_sft"]["value"] == pytest.approx(0.6)
+    gain = t["heldout_rl_minus_sft_at_least_0.25"]  # what bounds the gain, by layer
+    assert gain["sft_failures"] == {"basic": 0.0, "sequential": pytest.approx(0.7)}
+    assert gain["sequential_failures_per_seed"] == {"rl": pytest.approx(0.03), "rl_seed1": pytest.approx(0.04)}
     summary["heldout_instances"]["control_seed1"] = report._split_entry(_fake_split(0.5))
     assert not report.targets(summary)["control_gain_at_most_0.05"]["met"]
     summary["heldout_instances"]["rl_seed1"] = report._split_entry(_fake_split(0.5))
