@@ -231,6 +231,25 @@ LOSSES: dict[str, LossFn] = {
     "dpo": dpo_loss_fn,
 }
 
+# The advantage each loss derives when the batch brings none, in the language of
+# `train_step.compute_advantages` (None: the loss reads no advantage). The one table the train
+# step reads: a group estimator couples the rows of a group, so with `num_mini_batches` > 1 the
+# step computes it over the whole batch before splitting (`TrainStep`), and the loss's own
+# fallback only serves a batch that is not split. "grpo" follows `LossConfig.norm_by_std`
+# (False in Dr. GRPO's defaults), as the losses themselves do.
+LOSS_ADVANTAGES: dict[str, str | None] = {
+    "ppo": "gae", "grpo": "grpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo", "cispo": "grpo",
+    "rloo": "rloo", "reinforce_pp": "reinforce_pp", "sft": None, "dpo": None,
+}
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
+
+def advantage_of(loss_fn: LossFn) -> str | None:
+    """The advantage `loss_fn` derives (`LOSS_ADVANTAGES`), or None for a function not in
+    `LOSSES` (a user's own LossFn: the step cannot know, see `TrainConfig.advantage`)."""
+    return next((LOSS_ADVANTAGES[n] for n, f in LOSSES.items() if f is loss_fn), None)
+
+
 # Losses that train a scorer (a reward model's scalar head), not a policy: the same LossFn
 # signature and the same train step, kept out of LOSSES because they read `values`, not
 # `logp`, and LOSSES is what the RL / SFT code and tests iterate as "trains a policy".

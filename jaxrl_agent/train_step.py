@@ -40,6 +40,7 @@ from jaxrl_agent import losses as L
 from jaxrl_agent import lora as lora_lib
 from jaxrl_agent import sharding as sh
 from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig
+from jaxrl_agent.loss_registry import GROUP_ESTIMATORS, advantage_of
 from jaxrl_agent.model import CausalLM, policy_outputs
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 
@@ -153,6 +154,11 @@ class TrainStep:
         if min(cfg.ppo_epochs, cfg.num_mini_batches, cfg.num_micro_batches) < 1:
             raise ValueError("ppo_epochs, num_mini_batches and num_micro_batches must be >= 1")
         self.loss_fn, self.optimizer, self.cfg = loss_fn, optimizer, cfg
+        # One advantage path: a group estimator must see its groups whole, so with mini-batches
+        # the loss's own estimator (LOSS_ADVANTAGES) is computed over the batch before the split.
+        derived = advantage_of(loss_fn)
+        self.advantage = (derived if cfg.advantage == "loss" and cfg.num_mini_batches > 1
+                          and derived in GROUP_ESTIMATORS else cfg.advantage)
         self.mesh = sh.make_mesh(cfg.mesh) if mesh is None else mesh
         self.lora = cfg.lora.rank > 0
         self.has_critic = bool(model.config.value_head)
@@ -325,8 +331,8 @@ class TrainStep:
             raise ValueError(f"loss.kl_coef={cfg.loss.kl_coef} needs reference log-probs, but the batch has no "
                              "ref_logp and train.use_ref is false: set train.use_ref=true (the frozen initial "
                              "policy, or the LoRA base) or pass ref_logp in the batch")
-        if cfg.advantage != "loss" and batch.advantages is None:
-            batch = batch.replace(advantages=compute_advantages(batch, cfg.advantage, cfg.loss))
+        if self.advantage != "loss" and batch.advantages is None:
+            batch = batch.replace(advantages=compute_advantages(batch, self.advantage, cfg.loss))
         return jax.lax.stop_gradient(batch)
 
     def _loss_and_grads(self, trainable, frozen, batch: TrainBatch):

@@ -144,6 +144,45 @@ def test_epochs_and_mini_batches(model, batch, mesh1):
         bad(bad.init_state(model), batch)
 
 
+GROUP_LOSSES = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo")
+
+
+def test_every_group_estimator_is_one_group_table():
+    """Each registered loss names the advantage it reads, in one table; the group ones are
+    exactly the losses that couple rows through `group_id`."""
+    from jaxrl_agent.loss_registry import LOSS_ADVANTAGES, GROUP_ESTIMATORS, advantage_of
+
+    assert set(LOSS_ADVANTAGES) == set(LOSSES)
+    assert {n for n, a in LOSS_ADVANTAGES.items() if a in GROUP_ESTIMATORS} == set(GROUP_LOSSES)
+    assert advantage_of(LOSSES["dapo"]) == "grpo" and advantage_of(lambda o, b, c: (0.0, {})) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GROUP_LOSSES)
+def test_group_losses_keep_groups_whole_across_mini_batches(name, model, batch, mesh1):
+    """With the default advantage="loss" and shuffled mini-batches, a group estimator must see
+    its groups whole: the step equals the one given the advantages of the whole batch (the
+    kernel on all rows, computed here), never the advantages of the groups' fragments."""
+    from jaxrl_agent import advantages as adv_lib
+
+    loss_cfg = replace(ALGORITHM_DEFAULTS[name], kl_coef=0.0)
+    if name == "gspo":  # its default clip (3e-4) would clip every token after the first update
+        loss_cfg = replace(loss_cfg, gspo_clip_low=0.2, gspo_clip_high=0.2)
+    cfg = TrainConfig(compiler_options=tw.FAST, loss=loss_cfg, mesh=ONE, num_mini_batches=4, advantage="loss")
+    # graded rewards: with 0/1 ones every fragment's RLOO gradient can be one multiple of the
+    # whole group's, which Adam's normalised update cannot tell apart
+    batch = batch.replace(reward=np.array([0.1, 0.9, 0.4, 0.0, 0.7, 0.2, 1.0, 0.3], np.float32))
+    r, g = jnp.asarray(batch.reward), jnp.asarray(batch.group_id)
+    whole = (adv_lib.rloo(r, g) if name == "rloo"
+             else adv_lib.grpo(r, g, norm_by_std=loss_cfg.norm_by_std))
+    given = batch.replace(advantages=np.asarray(adv_lib.broadcast(whole, jnp.asarray(batch.loss_mask))))
+    ts = _step(name, cfg, model, mesh1)
+    s_loss, m_loss = ts(ts.init_state(model, seed=3), batch)
+    s_given, m_given = ts(ts.init_state(model, seed=3), given)
+    assert float(m_loss["update_norm"]) > 1e-6
+    _close(jax.device_get(s_loss.params), jax.device_get(s_given.params), atol=1e-6)
+
+
 # ---- precompiled buckets ----
 def test_precompiled_step_is_the_jitted_step(model, batch, mesh1):
     """`precompile` (in its thread) builds the executable the first update runs, before the batch
