@@ -19,7 +19,8 @@ Commands:
            to end and prints the success rate as it rises.
 
 Overrides use dotted names, e.g. `--bandit.algo=rloo --loss.clip_high=0.28`; the resolved
-config is printed at start. `--compile_cache=DIR|off` places or disables JAX's persistent
+config is printed at start; `python -m jaxrl_agent <command> --help` lists the command's options
+with their defaults and meanings. `--compile_cache=DIR|off` places or disables JAX's persistent
 compilation cache (compile_cache.py; default: a user cache directory).
 """
 from __future__ import annotations
@@ -165,8 +166,26 @@ COMMANDS = {
 }
 
 
+def command_summary(name: str) -> str:
+    """The command's paragraph of this module's docstring ("Commands:")."""
+    lines = __doc__.split("Commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [name])
+    block = [lines[start].strip()[len(name):].strip()]
+    for line in lines[start + 1:]:
+        if not line.startswith(" " * 11):
+            break
+        block.append(line.strip())
+    return " ".join(block)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    named = [a for a in argv if a in COMMANDS]
+    if named and any(a in ("-h", "--help") for a in argv):  # the command's own options, not the top-level usage
+        from jaxrl_agent.config_reference import command_help
+
+        print(command_help(named[0], command_summary(named[0]), COMMANDS[named[0]][0]()()), end="")
+        return 0
     parser = argparse.ArgumentParser(prog="python -m jaxrl_agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
     parser.add_argument("--compile_cache", default=None, metavar="DIR|off",

@@ -127,6 +127,35 @@ def command_section(name: str, run_cfg) -> list[str]:
     return lines + [""]
 
 
+def option_lines(run_cfg, prefix: str = "") -> list[tuple[str, str]]:
+    """(`--section.field=default`, meaning) for every leaf option of a command's config, in
+    field order; the defaults are the command's own, the meanings the field docstrings."""
+    _, docs = field_docs(type(run_cfg))
+    out = []
+    for f in dataclasses.fields(run_cfg):
+        v, name = getattr(run_cfg, f.name), f"{prefix}{f.name}"
+        if _is_config(v):
+            out += option_lines(v, f"{name}.")
+        else:
+            out.append((f"--{name}={_value(v, cli=True)}", " ".join(docs.get(f.name, ("", ""))[1].split())))
+    return out
+
+
+def command_help(name: str, summary: str, run_cfg, width: int = 100) -> str:
+    """`python -m jaxrl_agent <name> --help`: what the command does and every option with its
+    default and meaning (the same docstrings as docs/config_reference.md)."""
+    import textwrap
+
+    out = [f"usage: python -m jaxrl_agent {name} [--section.field=value ...]", "",
+           *textwrap.wrap(summary, width=width), "",
+           "options, with this command's defaults (tuples comma-separated, none is None, <jaxrl_agent> the "
+           "installed package directory; docs/config_reference.md has them as tables):"]
+    for opt, doc in option_lines(run_cfg):
+        out.append(f"  {opt}")
+        out += textwrap.wrap(doc, width=width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(out) + "\n"
+
+
 def generate() -> str:
     """The whole reference as Markdown."""
     from jaxrl_agent import cli

@@ -67,3 +67,21 @@ def test_check_mode_reports_stale_files(tmp_path):
     with open(out, "a") as f:
         f.write("hand edit\n")
     assert ref.main(["--check", "--out", out]) == 1
+
+
+@pytest.mark.parametrize("name", ["eval", "bandit", "rm-train"])
+def test_command_help_lists_its_options_and_runs_nothing(name, capsys):
+    """`python -m jaxrl_agent <command> --help` prints that command's summary and every option
+    with the command's default and its docstring, then exits 0 without running the job."""
+    from jaxrl_agent import cli
+
+    assert cli.main([name, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: python -m jaxrl_agent {name} ") and "config:" not in text
+    assert " ".join(cli.command_summary(name).split()[:6]) in " ".join(text.split())
+    options = ref.option_lines(cli.COMMANDS[name][0]()())
+    assert options and all(opt in text for opt, _ in options)
+    for opt, doc in options:
+        assert doc, f"{opt} has no meaning"
+    if name == "eval":
+        assert "--eval.samples=4" in text and "Episodes per task" in text
