@@ -28,7 +28,18 @@ import os
 import re
 from typing import Sequence
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+# In a runtime install (JAX, no torch) transformers logs "PyTorch was not found ..." when it is
+# imported: advice about its own models, which this package never builds. Silenced for this
+# import only, unless the user set the switch themselves (tests/test_tokenizer.py).
+_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+_quiet = _ADVICE not in os.environ
+if _quiet:
+    os.environ[_ADVICE] = "1"
+try:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+finally:
+    if _quiet:
+        del os.environ[_ADVICE]
 
 from jaxrl_agent.env.tool_calls import TOOL_SETS, format_tool_call, tool_schemas  # noqa: F401 - one call format
 

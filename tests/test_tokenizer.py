@@ -404,3 +404,24 @@ def test_file_mode_needs_tokenizer_json(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="use mode 'auto'"):
         load_tokenizer(str(tmp_path), mode="file")
+
+
+def test_a_runtime_install_imports_without_warnings():
+    """Without torch (the runtime install: JAX only), importing the package and loading the
+    tokenizer prints nothing: transformers' "PyTorch was not found" advice is silenced for our
+    import only (the switch is not left set), and no other import warns."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys; sys.modules['torch'] = None\n"  # find_spec('torch') is None: torch absent
+            "import jaxrl_agent.cli, jaxrl_agent.pipelines, jaxrl_agent.rl, jaxrl_agent.demo, jaxrl_agent.hf\n"
+            "from jaxrl_agent.tokenizer import load_tokenizer\n"
+            "load_tokenizer()\n"
+            "import transformers\n"
+            "assert not transformers.is_torch_available()\n"
+            "print('switch', os.environ.get('TRANSFORMERS_NO_ADVISORY_WARNINGS'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+    done = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "switch None" and done.stderr == "", done.stderr
