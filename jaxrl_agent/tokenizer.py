@@ -116,6 +116,8 @@ class Tokenizer:
         self.pad_id = vocab.get(END_OF_TEXT, self.im_end_id)
         # A turn ends at <|im_end|>; <|endoftext|> also stops generation when present.
         self.stop_ids = tuple(sorted({self.im_end_id, vocab.get(END_OF_TEXT, self.im_end_id)}))
+        if hf_tokenizer.chat_template == CHAT_TEMPLATE and getattr(hf_tokenizer, "response_template", None) is None:
+            hf_tokenizer.response_template = RESPONSE_TEMPLATE  # our template: its calls parse back (and export so)
         added = sorted(hf_tokenizer.get_added_vocab(), key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
@@ -247,6 +249,23 @@ def render_chat(messages: Sequence[dict], tools: Sequence[dict] | None = None, a
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
     return "".join(out)
+
+
+# How an assistant turn of CHAT_TEMPLATE parses back into a message: transformers'
+# `response_template` (`tokenizer.parse_response`), saved in tokenizer_config.json with every
+# tokenizer that speaks our template. TRL's tool path and other harnesses read the model's tool
+# calls through it; without it TRL refuses a template it does not know ("Unrecognized chat
+# template, failed to add response schema"). Tool calls are JSON between <tool_call> tags, the
+# rest of the turn up to <|im_end|> is content (the layout of Qwen2.5 / Qwen3 without reasoning).
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True, "content": "json",
+                       "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 
 class ChatFormat:

@@ -425,3 +425,45 @@ def test_a_runtime_install_imports_without_warnings():
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "switch None" and done.stderr == "", done.stderr
+
+
+def test_exported_tokenizer_parses_its_tool_calls_back(tmp_path):
+    """An exported policy's tokenizer renders our tool-call turns (`apply_chat_template(messages,
+    tools=...)`) and parses them back (`parse_response`, from the response template saved in
+    tokenizer_config.json), as TRL's tool path and plain transformers read a model's calls;
+    TRL itself refuses our template without it."""
+    import copy
+
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, is_chat_template_prefix_preserving
+
+    from jaxrl_agent.env.tool_calls import tool_schemas
+    from jaxrl_agent.tokenizer import RESPONSE_TEMPLATE
+
+    load_tokenizer().hf.save_pretrained(str(tmp_path))
+    with open(tmp_path / "tokenizer_config.json") as f:
+        assert json.load(f)["response_template"] == RESPONSE_TEMPLATE
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))  # what a harness reading the directory gets
+    assert hf.response_template == RESPONSE_TEMPLATE and is_chat_template_prefix_preserving(hf)
+    call = {"name": "replace_lines", "arguments": {"path": "m.py", "start": 3, "end": 3, "text": "    lo = mid\n"}}
+    messages = [{"role": "user", "content": "Fix the bug."},
+                {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+                {"role": "tool", "content": "Edited m.py"},
+                {"role": "assistant", "content": "Done."}]
+    tools = tool_schemas("full")
+    text = hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert '<tool_call>\n{"name": "replace_lines", "arguments": ' in text
+    turns = text.split("<|im_start|>assistant\n")
+    prompt = turns[0] + "<|im_start|>assistant\n"
+    first = turns[1].split("<|im_start|>")[0]
+    assert hf.parse_response(first, prefix=prompt) == {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": call}]}
+    assert hf.parse_response(turns[2], prefix=prompt) == {"role": "assistant", "content": "Done."}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for shipped in ("jaxrl_agent/assets/tokenizer", "jaxrl_agent/assets/demo_policy",
+                    "experiments/binary_search_rl/results/policies/sft", "experiments/binary_search_rl/results/policies/rl"):
+        assert AutoTokenizer.from_pretrained(os.path.join(root, shipped)).response_template == RESPONSE_TEMPLATE, shipped
+    bare = copy.copy(hf)
+    bare.response_template = None
+    with pytest.raises(ValueError, match="Unrecognized chat template"):
+        add_response_schema(bare)
