@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = [a for a in argv if a in COMMANDS]
     if named and any(a in ("-h", "--help") for a in argv):  # the command's own options, not the top-level usage
-        from jaxrl_agent.config_reference import command_help
+        from jaxrl_agent.config_docs import command_help
 
         print(command_help(named[0], command_summary(named[0]), COMMANDS[named[0]][0]()()), end="")
         return 0

@@ -3,9 +3,8 @@
     python -m jaxrl_agent.config_reference            # rewrite docs/config_reference.md
     python -m jaxrl_agent.config_reference --check    # exit 1 if the file is stale
 
-Every config field is followed by a docstring literal (DESIGN §10). Python drops those at
-run time, so the docstrings are read with `ast` from the modules' source; defaults are the
-values of the instantiated dataclasses. The reference has two parts:
+The field docstrings and defaults come from `config_docs.py` (which also renders each
+command's `--help`). The reference has two parts:
   1. per CLI command, its `--section.field` sections and the defaults the command changes;
   2. one table per config class (field, type, default, meaning): every dataclass in
      config.py and every one a CLI command reaches.
@@ -15,52 +14,13 @@ tests/test_config_reference.py checks the committed file equals this output.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import os
 import sys
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+from jaxrl_agent.config_docs import PACKAGE_DIR, field_docs, is_config, render_value
+
 DEFAULT_OUT = os.path.join(os.path.dirname(PACKAGE_DIR), "docs", "config_reference.md")
-
-
-# ---- docstrings from the source ----
-def field_docs(cls) -> tuple[str, dict[str, tuple[str, str]]]:
-    """(class docstring, {field: (annotation source, docstring)}) of a dataclass, via ast.
-
-    A field's docstring is the string literal statement right after its annotated assignment.
-    """
-    source = inspect.getsource(sys.modules[cls.__module__])
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
-            break
-    else:
-        raise ValueError(f"class {cls.__qualname__} not found in {cls.__module__}")
-    docs = {}
-    for stmt, nxt in zip(node.body, node.body[1:] + [None]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            doc = ""
-            if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
-                doc = inspect.cleandoc(nxt.value.value)
-            docs[stmt.target.id] = (ast.unparse(stmt.annotation), doc)
-    return inspect.cleandoc(ast.get_docstring(node) or ""), docs
-
-
-# ---- rendering ----
-def _value(v, cli: bool = False) -> str:
-    """A default as Python repr (`cli=False`) or as typed after `--section.field=`, with the
-    package directory written `<jaxrl_agent>` so the file is the same on every machine."""
-    if isinstance(v, str) and v.startswith(PACKAGE_DIR):
-        v = "<jaxrl_agent>" + v[len(PACKAGE_DIR):]
-    if not cli:
-        return repr(v)
-    if v is None or isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, tuple):
-        return ",".join(_value(x, cli=True) for x in v)
-    return str(v)
 
 
 def _cell(text: str) -> str:
@@ -71,16 +31,12 @@ def _anchor(cls) -> str:
     return cls.__name__.lower()
 
 
-def _is_config(v) -> bool:
-    return dataclasses.is_dataclass(v) and not isinstance(v, type)
-
-
 def leaf_classes(instance, found: dict) -> dict:
     """Every dataclass type reachable from a config instance (itself included), by name."""
     found.setdefault(type(instance).__name__, type(instance))
     for f in dataclasses.fields(instance):
         v = getattr(instance, f.name)
-        if _is_config(v):
+        if is_config(v):
             leaf_classes(v, found)
     return found
 
@@ -96,7 +52,7 @@ def class_table(cls) -> list[str]:
              "| field | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         v = getattr(default, f.name)
-        shown = f"[{type(v).__name__}](#{_anchor(type(v))})" if _is_config(v) else f"`{_cell(_value(v))}`"
+        shown = f"[{type(v).__name__}](#{_anchor(type(v))})" if is_config(v) else f"`{_cell(render_value(v))}`"
         lines.append(f"| `{f.name}` | `{_cell(docs[f.name][0])}` | {shown} | {_cell(docs[f.name][1])} |")
     return lines + [""]
 
@@ -106,10 +62,10 @@ def changed_defaults(value, base, prefix: str) -> list[str]:
     out = []
     for f in dataclasses.fields(value):
         v, b = getattr(value, f.name), getattr(base, f.name)
-        if _is_config(v):
+        if is_config(v):
             out += changed_defaults(v, b if type(b) is type(v) else type(v)(), f"{prefix}.{f.name}")
         elif v != b:
-            out.append(f"`--{prefix}.{f.name}={_value(v, cli=True)}`")
+            out.append(f"`--{prefix}.{f.name}={render_value(v, cli=True)}`")
     return out
 
 
@@ -118,42 +74,13 @@ def command_section(name: str, run_cfg) -> list[str]:
              "|---|---|---|"]
     for f in dataclasses.fields(run_cfg):
         v = getattr(run_cfg, f.name)
-        if _is_config(v):
+        if is_config(v):
             changed = changed_defaults(v, type(v)(), f.name)
             lines.append(f"| `--{f.name}.*` | [{type(v).__name__}](#{_anchor(type(v))}) | "
                          f"{_cell(', '.join(changed)) or 'class defaults'} |")
         else:
-            lines.append(f"| `--{f.name}` | `{type(v).__name__}` | `--{f.name}={_cell(_value(v, cli=True))}` |")
+            lines.append(f"| `--{f.name}` | `{type(v).__name__}` | `--{f.name}={_cell(render_value(v, cli=True))}` |")
     return lines + [""]
-
-
-def option_lines(run_cfg, prefix: str = "") -> list[tuple[str, str]]:
-    """(`--section.field=default`, meaning) for every leaf option of a command's config, in
-    field order; the defaults are the command's own, the meanings the field docstrings."""
-    _, docs = field_docs(type(run_cfg))
-    out = []
-    for f in dataclasses.fields(run_cfg):
-        v, name = getattr(run_cfg, f.name), f"{prefix}{f.name}"
-        if _is_config(v):
-            out += option_lines(v, f"{name}.")
-        else:
-            out.append((f"--{name}={_value(v, cli=True)}", " ".join(docs.get(f.name, ("", ""))[1].split())))
-    return out
-
-
-def command_help(name: str, summary: str, run_cfg, width: int = 100) -> str:
-    """`python -m jaxrl_agent <name> --help`: what the command does and every option with its
-    default and meaning (the same docstrings as docs/config_reference.md)."""
-    import textwrap
-
-    out = [f"usage: python -m jaxrl_agent {name} [--section.field=value ...]", "",
-           *textwrap.wrap(summary, width=width), "",
-           "options, with this command's defaults (tuples comma-separated, none is None, <jaxrl_agent> the "
-           "installed package directory; docs/config_reference.md has them as tables):"]
-    for opt, doc in option_lines(run_cfg):
-        out.append(f"  {opt}")
-        out += textwrap.wrap(doc, width=width, initial_indent=" " * 6, subsequent_indent=" " * 6)
-    return "\n".join(out) + "\n"
 
 
 def generate() -> str:

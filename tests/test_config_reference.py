@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from jaxrl_agent import config_docs as docs_lib
 from jaxrl_agent import config_reference as ref
 from jaxrl_agent.config import LossConfig, RLConfig
 
@@ -28,13 +29,13 @@ def test_every_field_and_command_is_in_the_reference(generated):
     from jaxrl_agent import cli
 
     for cls in (LossConfig, RLConfig):
-        _, docs = ref.field_docs(cls)
+        _, docs = docs_lib.field_docs(cls)
         for f in dataclasses.fields(cls):
             # the table renders a multi-line docstring on one line
             assert f"| `{f.name}` |" in generated and " ".join(docs[f.name][1].split()) in generated, f.name
     for name in cli.COMMANDS:
         assert f"### `python -m jaxrl_agent {name}`" in generated
-    assert ref.PACKAGE_DIR not in generated  # no machine-specific paths
+    assert docs_lib.PACKAGE_DIR not in generated  # no machine-specific paths
 
 
 def test_command_defaults_are_cli_syntax(generated):
@@ -56,7 +57,7 @@ class _Undocumented:
 def test_a_field_without_docstring_is_an_error():
     with pytest.raises(ValueError, match=r"without a docstring: \['bare'\]"):
         ref.class_table(_Undocumented)
-    assert ref.field_docs(_Undocumented)[1]["documented"] == ("int", "Has a docstring.")
+    assert docs_lib.field_docs(_Undocumented)[1]["documented"] == ("int", "Has a docstring.")
 
 
 def test_check_mode_reports_stale_files(tmp_path):
@@ -79,7 +80,7 @@ def test_command_help_lists_its_options_and_runs_nothing(name, capsys):
     text = capsys.readouterr().out
     assert text.startswith(f"usage: python -m jaxrl_agent {name} ") and "config:" not in text
     assert " ".join(cli.command_summary(name).split()[:6]) in " ".join(text.split())
-    options = ref.option_lines(cli.COMMANDS[name][0]()())
+    options = docs_lib.option_lines(cli.COMMANDS[name][0]()())
     assert options and all(opt in text for opt, _ in options)
     for opt, doc in options:
         assert doc, f"{opt} has no meaning"
