@@ -10,7 +10,8 @@ import pytest
 from experiments.binary_search_rl.handwritten_tasks import DEFAULT_PATH, handwritten_tasks
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import load_tasks
-from jaxrl_agent.env.templates import TEMPLATES, Template
+from jaxrl_agent.env.templates import TEMPLATES
+from jaxrl_agent.env.templates.base import Template
 from jaxrl_agent.env.tools import create_workspaces
 from jaxrl_agent.env.verifier import check_task
 

@@ -24,7 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxrl_agent.env.templates import HELDOUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES, Template
+from jaxrl_agent.env.templates import HELDOUT_TEMPLATES, TEMPLATES, TRAIN_TEMPLATES
+from jaxrl_agent.env.templates.base import Template
 
 SPLITS = ("train", "heldout_instances", "heldout_templates")
 

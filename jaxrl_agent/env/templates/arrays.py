@@ -5,7 +5,7 @@ a strict comparison where an inclusive one is meant, a wrong pointer or index up
 """
 from __future__ import annotations
 
-from jaxrl_agent.env.templates import Template, ints
+from jaxrl_agent.env.templates.base import Template, ints
 
 _XS = ("xs", "nums", "values", "items", "data", "arr", "seq")
 _I = ("i", "idx", "pos", "k", "j")

@@ -9,7 +9,7 @@ import bisect
 import math
 import random
 
-from jaxrl_agent.env.templates import Template, absent_value, sorted_distinct, sorted_dups
+from jaxrl_agent.env.templates.base import Template, absent_value, sorted_distinct, sorted_dups
 
 _LO = ("lo", "low", "left", "start", "begin")
 _HI = ("hi", "high", "right", "end", "stop")
