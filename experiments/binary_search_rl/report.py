@@ -124,8 +124,8 @@ def targets(summary: dict) -> dict:
 def layer_ceiling(hi: dict, rl_runs: list[str]) -> dict:
     """What bounds RL's held-out gain, by failure layer (DESIGN §9b): the SFT policy's failed
     share in each layer (episodes of held-out instances) and each RL run's. RL's job is the
-    sequential layer, so `sft_sequential` is the gain a policy that cured every sequential
-    failure and nothing else would show; a larger gain must also cure basic failures.
+    sequential layer, so `sft_failures["sequential"]` is the gain a policy that cured every
+    sequential failure and nothing else would show; a larger gain must also cure basic ones.
     Shares of all episodes: pass@1 + the layers' shares = 1."""
     layers = ("basic", "sequential")
     return {"sft_failures": {k: hi["sft"]["failure_layers"].get(k, 0.0) for k in layers},
