@@ -33,13 +33,14 @@ from flax import nnx
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stages import ENGINE_ROWS, rollout_config, tools_config
+from jaxrl_agent.agent.policy import load_policy
+from jaxrl_agent.agent.rollout import collect_episodes
+from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES, CallMemo
-from jaxrl_agent.malloc_env import reexec_with_tcmalloc
-from jaxrl_agent.pipelines import agent_sampling, load_policy
-from jaxrl_agent.rollout import collect_episodes
-from jaxrl_agent.sampling import generate
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.decode import generate
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import episode_engine
 from jaxrl_agent.tokenizer import ChatFormat
 
 SFT = "experiments/binary_search_rl/results/policies/sft"
@@ -68,8 +69,7 @@ def main() -> None:
     model, tok = load_policy(args.policy)
     rollout = rollout_config(cfg, group_size=8)
     # every decode call on all rows, as the former loop does: this compares the windows alone
-    sampling = agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                              cache_size=rollout.max_total_tokens, decode_row_buckets=(ENGINE_ROWS,))
+    sampling = episode_engine(tok, rollout, batch_size=ENGINE_ROWS, decode_row_buckets=(ENGINE_ROWS,))
     engine = SamplingEngine(model, sampling)
     loops = {"skip": engine._generate_fn, "former": former_generate_fn(model, sampling)}
     b = sampling.batch_size
@@ -134,5 +134,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/malloc_env.py
+    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/cli/malloc_env.py
     main()

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxrl_agent.logprobs import token_logprobs_and_entropy  # noqa: E402
+from jaxrl_agent.model.logprobs import token_logprobs_and_entropy  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "logprob_memory.json")
 

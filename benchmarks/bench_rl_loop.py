@@ -32,14 +32,15 @@ POLICY = os.path.join(ROOT, "jaxrl_agent", "assets", "demo_policy")
 
 def worker(mode: str, iterations: int, run_dir: str, out: str) -> None:
     """One run of train_rl; process 0 writes the wall time of each iteration to `out`."""
-    from jaxrl_agent import sharding as sh
+    from jaxrl_agent.train import sharding as sh
 
     sh.initialize_distributed()
     import jax
 
+    from jaxrl_agent.agent.policy import load_policy
     from jaxrl_agent.config import OptimConfig, RLConfig, RolloutConfig, TrainConfig, TrajectoryConfig
-    from jaxrl_agent.pipelines import agent_sampling, load_policy
-    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.loops.rl import train_rl
+    from jaxrl_agent.sampling.engine_config import agent_sampling
 
     model, tok = load_policy(POLICY)
     stamps = [time.perf_counter()]

@@ -49,13 +49,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxrl_agent.agent.policy import DEMO_POLICY_DIR, load_policy
+from jaxrl_agent.agent.rollout import collect_episodes
 from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
-from jaxrl_agent.pipelines import DEMO_POLICY_DIR, agent_sampling, load_policy
-from jaxrl_agent.rollout import collect_episodes
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import agent_sampling
 from jaxrl_agent.tokenizer import ChatFormat
 
 SETTINGS = {  # name: (flush, test CPU limit s, engine rows, verify's hidden-test run, decode chunk,

@@ -36,7 +36,7 @@ import transformers
 
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.hf import load_pretrained
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
 
 VOCAB, TURNS, TURN_TOKENS = 512, 8, 32
 

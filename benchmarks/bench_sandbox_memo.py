@@ -30,12 +30,13 @@ import numpy as np
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stages import ENGINE_ROWS, rollout_config, tools_config
+from jaxrl_agent.agent.policy import load_policy
+from jaxrl_agent.agent.rollout import collect_episodes
+from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.sandbox_memo import CallMemo
-from jaxrl_agent.malloc_env import reexec_with_tcmalloc
-from jaxrl_agent.pipelines import agent_sampling, load_policy
-from jaxrl_agent.rollout import collect_episodes
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import episode_engine
 from jaxrl_agent.tokenizer import ChatFormat
 
 SFT = "experiments/binary_search_rl/results/policies/sft"
@@ -53,8 +54,7 @@ def main() -> None:
     model, tok = load_policy(args.policy)
     chat = ChatFormat(tok, tool_style=cfg.tool_style)
     rollout = rollout_config(cfg, group_size=args.group)
-    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                                                  cache_size=rollout.max_total_tokens))
+    engine = SamplingEngine(model, episode_engine(tok, rollout, batch_size=ENGINE_ROWS))
     tasks = rl_pool(cfg.rl.num_train_tasks, 0, cfg.rl.silent_bug_share, cfg.rl.canonical_like_share)[:args.tasks]
     tools = tools_config(cfg)
     seconds, calls, same = {"every_call": [], "memo": []}, [], []
@@ -93,5 +93,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/malloc_env.py
+    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/cli/malloc_env.py
     main()

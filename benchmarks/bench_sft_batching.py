@@ -36,14 +36,14 @@ from flax import nnx
 
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.config import StudyConfig
+from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
 from jaxrl_agent.config import OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.env.sandbox import Sandbox
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.malloc_env import reexec_with_tcmalloc
-from jaxrl_agent.model import CausalLM
-from jaxrl_agent.offline import DataIterator, run_sft
+from jaxrl_agent.loops.offline import DataIterator, run_sft
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.tokenizer import load_tokenizer
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import bucket_length, collate
 
 BUCKETS = stages._fit.__kwdefaults__["buckets"]  # the study's SFT buckets, one home
@@ -118,5 +118,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/malloc_env.py
+    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/cli/malloc_env.py
     main()

@@ -34,7 +34,7 @@ import numpy as np
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.parallel import run_stages
-from jaxrl_agent.compile_cache import enable as enable_compile_cache
+from jaxrl_agent.cli.compile_cache import enable as enable_compile_cache
 
 SFT_POLICY = Path(__file__).parents[1] / "experiments/binary_search_rl/results/policies/sft"
 RUNS = {"rl": False, "control": True}  # stage name -> shuffled rewards

@@ -26,7 +26,7 @@ gradient went 2.75 s -> 1.13 s on a loaded machine. Most of what is left is GEMM
 Allocator: XLA:CPU takes each step's scratch (782 MB at the tiny size, `xla_temp_bytes_per_step`)
 from malloc and frees it after the call; glibc's malloc maps it afresh on every step and faults
 it in 4 KiB at a time. By default the script re-executes itself with tcmalloc preloaded when
-the machine has it, as the project's entry points do (jaxrl_agent/malloc_env.py), so both
+the machine has it, as the project's entry points do (jaxrl_agent/cli/malloc_env.py), so both
 contenders run with it, and then reruns the tiny size in a child process with the default
 malloc: the JSON holds both (`malloc`, `default_malloc`).
 
@@ -53,12 +53,12 @@ import numpy as np
 import torch
 import transformers
 
+from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc, tcmalloc_active, without_tcmalloc
 from jaxrl_agent.config import LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.hf import load_pretrained
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.malloc_env import reexec_with_tcmalloc, tcmalloc_active, without_tcmalloc
-from jaxrl_agent.sharding import make_mesh
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.train.sharding import make_mesh
+from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate
 
 GROUP = 4
@@ -295,7 +295,7 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated subset of " + ",".join(SIZES))
     ap.add_argument("--malloc", choices=("tcmalloc", "default"), default="tcmalloc",
                     help="tcmalloc: re-exec with tcmalloc preloaded when the machine has it, as the project's "
-                         "entry points do (jaxrl_agent/malloc_env.py), then rerun the tiny size with the "
+                         "entry points do (jaxrl_agent/cli/malloc_env.py), then rerun the tiny size with the "
                          "default malloc in a child process for comparison; default: this process as started")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_step.json"))
     args = ap.parse_args()

@@ -31,11 +31,12 @@ import numpy as np
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stages import ENGINE_ROWS, chat_format, rollout_config, tools_config
+from jaxrl_agent.agent.policy import load_policy
+from jaxrl_agent.agent.rollout import collect_episodes
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.verifier import TEST_TIMEOUT_S
-from jaxrl_agent.pipelines import agent_sampling, load_policy
-from jaxrl_agent.rollout import collect_episodes
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import episode_engine
 
 SFT_POLICY = Path(__file__).parents[1] / "experiments/binary_search_rl/results/policies/sft"
 
@@ -56,8 +57,7 @@ def main() -> None:
     model, tok = load_policy(args.policy)
     chat = chat_format(cfg, tok)
     rollout = rollout_config(cfg, group_size=r.group_size)
-    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                                                  cache_size=rollout.max_total_tokens, seed=0))
+    engine = SamplingEngine(model, episode_engine(tok, rollout, batch_size=ENGINE_ROWS, seed=0))
     seconds = {name: [] for name in settings}
     parts = {name: [] for name in settings}
     rewards = {name: [] for name in settings}

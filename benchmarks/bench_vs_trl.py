@@ -24,7 +24,7 @@ the policy (ours: the engine and train-step compiles, no persistent cache; TRL: 
 trainer) to the end of the first iteration. Steady-state figures leave the first iteration out.
 
 The process runs with tcmalloc preloaded when the machine has it, as `python -m jaxrl_agent`
-does (jaxrl_agent/malloc_env.py); torch shares the process and the allocator.
+does (jaxrl_agent/cli/malloc_env.py); torch shares the process and the allocator.
 
 Before timing, the sides are checked to be on the same numbers: the prompt ids TRL tokenized
 equal ours, and the log-probs both policies give one completion agree.
@@ -51,9 +51,9 @@ def reward_rule(text: str) -> float:
 
 def task_prompts(tok, n: int) -> tuple[list[str], list[list[int]]]:
     """The agent's first-turn prompt (system + tools + task) of `n` training tasks, as text and ids."""
+    from jaxrl_agent.agent.rollout import episode_prompt
     from jaxrl_agent.config import RolloutConfig
     from jaxrl_agent.env.tasks import generate_tasks
-    from jaxrl_agent.rollout import episode_prompt
     from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 
     chat = ChatFormat(tok, tool_style="short")
@@ -70,12 +70,12 @@ class Ours:
 
     def __init__(self, policy: str, args, prompt_ids: list[list[int]]):
         t0 = time.perf_counter()
+        from jaxrl_agent.agent.policy import load_policy
         from jaxrl_agent.config import LossConfig, OptimConfig, SamplingConfig, TrainConfig, TrajectoryConfig
-        from jaxrl_agent.loss_registry import LOSSES
-        from jaxrl_agent.pipelines import load_policy
-        from jaxrl_agent.rl import policy_for_engine
-        from jaxrl_agent.sampling_engine import SamplingEngine
-        from jaxrl_agent.train_step import make_optimizer, make_train_step
+        from jaxrl_agent.losses.registry import LOSSES
+        from jaxrl_agent.sampling.engine import SamplingEngine
+        from jaxrl_agent.train.step import make_optimizer, make_train_step
+        from jaxrl_agent.train.weight_sync import policy_for_engine
 
         self.model, self.tok = load_policy(policy)
         self.prompt_ids, self.group, self.rows = prompt_ids, args.group, len(prompt_ids) * args.group
@@ -275,7 +275,7 @@ def report(res: dict, passes: list[dict], out: str, extra: tuple = (), show: tup
 
 
 if __name__ == "__main__":
-    from jaxrl_agent.malloc_env import reexec_with_tcmalloc
+    from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
 
-    reexec_with_tcmalloc()  # both sides' large temporaries (jaxrl_agent/malloc_env.py), as the CLI runs
+    reexec_with_tcmalloc()  # both sides' large temporaries (jaxrl_agent/cli/malloc_env.py), as the CLI runs
     main()

@@ -143,8 +143,8 @@ class Agent:
                                          **({"verify_test_timeout_s": STUDY_TEST_LIMIT_S} if study else {}))
 
     def rollout(self, tasks, engine, sandbox, group: int, seed: int):
+        from jaxrl_agent.agent.rollout import collect_episodes
         from jaxrl_agent.env.sandbox_memo import CallMemo
-        from jaxrl_agent.rollout import collect_episodes
 
         if sandbox.memo is not None:  # emptied per rollout: the RL loop draws new tasks each iteration,
             # so only one rollout's calls share; this benchmark reruns the same tasks
@@ -157,12 +157,13 @@ class OursAgent:
     """Our multi-turn iteration: G episodes per task on the engine, collate, one update."""
 
     def __init__(self, agent: Agent, args, sandbox):
-        from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig, TrajectoryConfig
-        from jaxrl_agent.loss_registry import LOSSES
-        from jaxrl_agent.pipelines import agent_sampling, load_policy
-        from jaxrl_agent.rl import policy_for_engine
-        from jaxrl_agent.sampling_engine import SamplingEngine
-        from jaxrl_agent.train_step import make_optimizer, make_train_step
+        from jaxrl_agent.agent.policy import load_policy
+        from jaxrl_agent.config import LossConfig, OptimConfig, RolloutConfig, TrainConfig, TrajectoryConfig
+        from jaxrl_agent.losses.registry import LOSSES
+        from jaxrl_agent.sampling.engine import SamplingEngine
+        from jaxrl_agent.sampling.engine_config import episode_engine
+        from jaxrl_agent.train.step import make_optimizer, make_train_step
+        from jaxrl_agent.train.weight_sync import policy_for_engine
 
         self.agent, self.group, self.sandbox = agent, args.group, sandbox
         model, tok = load_policy(args.policy)
@@ -171,9 +172,7 @@ class OursAgent:
         self.state = self.ts.init_state(model, seed=0)
         self.traj = TrajectoryConfig(buckets=tuple(range(128, MAX_TOTAL + 128, 128)),
                                      batch_multiple=self.ts.mesh.devices.size)
-        sampling = agent_sampling(stop_token_ids=tuple(tok.stop_ids))
-        sampling = replace(sampling, cache_size=MAX_TOTAL,
-                           prefill_buckets=tuple(b for b in sampling.prefill_buckets if b <= MAX_TOTAL))
+        sampling = episode_engine(tok, RolloutConfig(max_total_tokens=MAX_TOTAL))
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), sampling)
         self.engine.warmup()  # every prefill / decode bucket, and every train-step length bucket:
         from jaxrl_agent.trajectory import Episode, collate  # the timed iterations compile nothing
@@ -216,7 +215,7 @@ def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent, sandbox) -
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from jaxrl_agent.pipelines import agent_sampling
+    from jaxrl_agent.sampling.engine_config import agent_sampling
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     torch.set_num_threads(threads)
@@ -314,7 +313,7 @@ def episodes_alike(passes: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    from jaxrl_agent.malloc_env import reexec_with_tcmalloc
+    from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
 
     reexec_with_tcmalloc()
     main()

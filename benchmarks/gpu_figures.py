@@ -36,10 +36,10 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agent.config import LossConfig, OptimConfig, SamplingConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.model import CausalLM, ModelConfig
-from jaxrl_agent.sampling_engine import SamplingEngine
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate
 
 HERE = os.path.dirname(os.path.abspath(__file__))

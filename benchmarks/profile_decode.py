@@ -22,11 +22,11 @@ from pathlib import Path
 
 import jax
 import numpy as np
-
 from bench_sampling import VOCAB, make_checkpoint, ours_generate
+
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.hf import load_pretrained
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
 
 _HOST_EVENTS = ("$", "Thunk", "np.", "Slinky", "Pjit", "end:")  # Python frames and runtime bookkeeping
 MATMUL = "weight matmuls (projections, MLP, unembedding)"  # a role of library_kernel_role

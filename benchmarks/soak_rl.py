@@ -44,7 +44,7 @@ def main() -> None:
     from test_rl import ROLLOUT, SAMPLING, TASKS, TOOLS, TRAJ, rl_config, sft_model
 
     from jaxrl_agent.config import OptimConfig, TrainConfig
-    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.loops.rl import train_rl
     from jaxrl_agent.tokenizer import load_tokenizer
 
     tok = load_tokenizer()

@@ -11,7 +11,7 @@ one `replace_lines("answer.py", 2, 2, "    return N")` and `submit` (max 2 turns
      an edit to a *wrong* number then submit, and submit without editing;
   2. play the SFT policy on the training tasks; pairs = two episodes of one task whose verifier
      rewards differ (`reward_model.pairs_from_groups`); train a Bradley-Terry reward model
-     from the policy's decoder (`reward_model.train_reward_model`), held-out pairs aside;
+     from the policy's decoder (`loops.reward_model.train_reward_model`), held-out pairs aside;
   3. from the same SFT policy, GRPO against (a) the verifier, (b) the reward model alone
      (normalised), same seeds, same iterations;
   4. report the verifier's success on the training rollouts per iteration and held-out pass@1
@@ -36,22 +36,25 @@ from dataclasses import replace
 import numpy as np
 from flax import nnx
 
+from jaxrl_agent import hf
+from jaxrl_agent.agent.demonstrations import transcript_to_episode
+from jaxrl_agent.agent.preference_pairs import pairs_from_groups
+from jaxrl_agent.agent.reward_model import (RewardModel, load_reward_model, pair_accuracy, save_reward_model,
+                                            with_scalar_head)
+from jaxrl_agent.agent.rollout import collect_episodes
 from jaxrl_agent.config import (SYSTEM_PROMPT, OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig,
                                 TrainConfig, TrajectoryConfig)
-from jaxrl_agent.demonstrations import transcript_to_episode
 from jaxrl_agent.env.expert import Transcript
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
-from jaxrl_agent.model import CausalLM, ModelConfig
-from jaxrl_agent.offline import run_sft
-from jaxrl_agent import hf
-from jaxrl_agent.reward_model import (RewardModel, load_reward_model, pair_accuracy, pairs_from_groups,
-                                      save_reward_model, train_reward_model, with_scalar_head)
-from jaxrl_agent.rl import evaluate, policy_for_engine, train_rl
-from jaxrl_agent.rollout import collect_episodes
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.loops.offline import run_sft
+from jaxrl_agent.loops.reward_model import train_reward_model
+from jaxrl_agent.loops.rl import evaluate, train_rl
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
+from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+from jaxrl_agent.train.weight_sync import policy_for_engine
 
 TOOLS = ToolConfig(max_turns=2)
 ROLLOUT = RolloutConfig(group_size=8, max_total_tokens=384, max_tokens_per_turn=64)

@@ -208,11 +208,11 @@ class TrainConfig:
     use_ref: bool = False
     """Fill `ref_logp` from the frozen reference policy (initial params, or the LoRA base)."""
     advantage: str = "loss"
-    """"loss": the loss's own estimator (`loss_registry.LOSS_ADVANTAGES`); a group estimator
-    (GRPO, Dr. GRPO, DAPO, GSPO, CISPO, RLOO) is then computed over the whole rollout batch
-    before a mini-batch split, every other one per mini-batch. "grpo", "dr_grpo", "rloo", "gae",
-    "reinforce_pp": that estimator, computed once on device over the whole rollout batch. A
-    LossFn of your own that derives group advantages needs one of these with num_mini_batches > 1."""
+    """"loss": the loss's own estimator (`losses.registry.LOSS_ADVANTAGES`), computed once over
+    the whole rollout batch before a mini-batch split (every estimator couples rows: groups, or
+    whitening over the batch) and inside the loss when there is no split. "grpo", "dr_grpo",
+    "rloo", "gae", "reinforce_pp": that estimator, computed once on device over the whole batch.
+    A LossFn of your own reads `batch.advantages` (and `batch.returns`) when one is named here."""
     logp_chunk_size: int = 64
     """Sequence chunk of the log-prob / entropy path (memory O(B * chunk * V))."""
     logp_loss_chunks_only: bool = True

@@ -29,6 +29,7 @@ class TrainBatch:
     old_logp:      optional f32 log-probs under the policy that collected the data.
     old_values:    optional f32 critic values at collection time.
     advantages:    optional f32 precomputed advantages (a loss computes its own if None).
+    returns:       optional f32 value targets computed with `advantages` (GAE's; PPO's value loss).
     """
 
     tokens: jax.Array
@@ -44,6 +45,7 @@ class TrainBatch:
     old_logp: jax.Array | None = None
     old_values: jax.Array | None = None
     advantages: jax.Array | None = None
+    returns: jax.Array | None = None
 
 
 @struct.dataclass

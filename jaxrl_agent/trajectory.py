@@ -19,7 +19,9 @@ episode per row because its losses read one reward and one group per row.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -85,7 +87,7 @@ class Episode:
             if not isinstance(k, (int, np.integer)) or not math.isfinite(r):
                 raise ValueError(f"turn_rewards must map int turns to finite rewards, got {k!r}: {r!r}")
 
-    # ---- JSON (preference pairs, demonstrations) ----
+    # ---- JSON (one line of an episode file, `save_episodes`; half a preference pair) ----
     def to_dict(self) -> dict:
         """A JSON-able dict; `from_dict` reads it back."""
         return {"ids": list(self.ids), "loss_mask": list(self.loss_mask), "sampler_logp": list(self.sampler_logp),
@@ -115,6 +117,32 @@ class Episode:
         except (TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{where}: {e}") from None
         return ep
+
+
+# ---- JSONL: the one episode file format (demonstrations, logged episodes; pairs hold two) ----
+def save_episodes(path: str, episodes: Sequence[Episode], append: bool = False) -> None:
+    """Write `episodes` as JSONL, one `Episode.to_dict()` per line; `load_episodes` reads it."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a" if append else "w") as f:
+        for e in episodes:
+            f.write(json.dumps(e.to_dict()) + "\n")
+
+
+def load_episodes(path: str) -> list[Episode]:
+    """Episodes from a JSONL file of `Episode.to_dict()` lines (the optional fields default as
+    in `Episode.from_dict`); blank lines are skipped. A bad line raises ValueError naming the
+    file, the line number and the field."""
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            out.append(Episode.from_dict(record, f"{path}:{lineno}"))
+    return out
 
 
 @dataclass(frozen=True)

@@ -53,13 +53,13 @@ def sft_policy(tok):
     """A tiny policy that calls `submit` about half the time and `list_files` otherwise."""
     from flax import nnx
 
+    from jaxrl_agent.agent.rollout import episode_prompt
     from jaxrl_agent.config import SYSTEM_PROMPT, OptimConfig, TrainConfig
     from jaxrl_agent.env.tools import format_tool_call
-    from jaxrl_agent.model import CausalLM, ModelConfig
-    from jaxrl_agent.offline import run_sft
-    from jaxrl_agent.rl import policy_for_engine
-    from jaxrl_agent.rollout import episode_prompt
+    from jaxrl_agent.loops.offline import run_sft
+    from jaxrl_agent.model.decoder import CausalLM, ModelConfig
     from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder
+    from jaxrl_agent.train.weight_sync import policy_for_engine
     from jaxrl_agent.trajectory import Episode
 
     tasks, _, _, _, traj = configs()
@@ -89,7 +89,7 @@ def run_two_iterations(model, tok, run_dir: str, **rl_kw) -> list[dict]:
     """Iteration 1, then iteration 2 resumed from its checkpoint; the logged iterations and
     the final result."""
     from jaxrl_agent.config import OptimConfig, TrainConfig
-    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.loops.rl import train_rl
 
     tasks, tools, rollout, sampling, traj = configs()
     kw = dict(rollout=rollout, sampling=sampling, train=TrainConfig(), optim=OptimConfig(**DIST_OPTIM), tools=tools,
@@ -100,13 +100,13 @@ def run_two_iterations(model, tok, run_dir: str, **rl_kw) -> list[dict]:
 
 
 def main(policy_dir: str, run_dir: str, out_path: str) -> None:
-    from jaxrl_agent import sharding as sh
+    from jaxrl_agent.train import sharding as sh
 
     sh.initialize_distributed()  # before anything touches the backend
     import jax
 
-    import jaxrl_agent.rl as rl_mod
-    from jaxrl_agent.pipelines import load_policy
+    import jaxrl_agent.loops.rl as rl_mod
+    from jaxrl_agent.agent.policy import load_policy
 
     local_episodes = []
     collect = rl_mod.collect_episodes

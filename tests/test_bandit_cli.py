@@ -2,12 +2,13 @@
 dotted overrides resolve or fail with a clear message."""
 import pytest
 
-from jaxrl_agent.bandit import OUTCOME_ALGOS, train_bandit
-from jaxrl_agent.cli import BanditRunConfig, apply_overrides, main
-from jaxrl_agent.loss_registry import ALGORITHM_DEFAULTS
+from jaxrl_agent.cli.bandit import BanditRunConfig
+from jaxrl_agent.cli.main import apply_overrides, main
+from jaxrl_agent.loops.bandit import train_bandit
+from jaxrl_agent.losses.registry import ALGORITHM_DEFAULTS, RL_LOSSES
 
 
-@pytest.mark.parametrize("algo", OUTCOME_ALGOS)
+@pytest.mark.parametrize("algo", RL_LOSSES)
 def test_every_rl_loss_improves_the_bandit(algo):
     cfg = apply_overrides(BanditRunConfig(), [f"--bandit.algo={algo}", "--bandit.iterations=40"])
     loss_cfg = ALGORITHM_DEFAULTS[algo]

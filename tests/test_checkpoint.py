@@ -9,11 +9,11 @@ import pytest
 
 import trainer_worker as tw
 from jaxrl_agent import hf
-from jaxrl_agent.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.config import CheckpointConfig, LoraConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.offline import run_sft
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.loops.offline import run_sft
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.train.checkpoint import Checkpointer, export_hf
+from jaxrl_agent.train.step import make_optimizer, make_train_step
 
 MESH = MeshConfig(data=2, fsdp=4, preset="fsdp")  # sharded state: restore must re-shard it
 OPTIM = OptimConfig(learning_rate=1e-2, schedule="cosine", warmup_steps=2, total_steps=6)
@@ -117,7 +117,7 @@ def test_policy_directory_carries_its_tokenizer(tmp_path):
     more ids than the model's embedding rows is refused with both numbers."""
     from transformers import AutoTokenizer
 
-    from jaxrl_agent.pipelines import load_policy
+    from jaxrl_agent.agent.policy import load_policy
     from jaxrl_agent.tokenizer import load_tokenizer
 
     tok = load_tokenizer()

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from jaxrl_agent import compile_cache as cc
+from jaxrl_agent.cli import compile_cache as cc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

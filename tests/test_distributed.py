@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import trainer_worker as tw
-from process_launcher import launch
-from jaxrl_agent import sharding as sh
 from jaxrl_agent.config import MeshConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.train_step import make_train_step
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.train import sharding as sh
+from jaxrl_agent.train.step import make_train_step
 from jaxrl_agent.trajectory import collate
+from process_launcher import launch
 
 WORKER = os.path.join(os.path.dirname(__file__), "trainer_worker.py")
 TIMEOUT_S = 300

@@ -2,11 +2,11 @@
 
 import pytest
 
+from jaxrl_agent.agent.evaluation import bugs_fixed
 from jaxrl_agent.env.expert import STYLES, _edits, _line_edits, _wrong, measure, run_expert
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolCall, ToolConfig, create_workspaces, format_tool_call, parse_tool_call
-from jaxrl_agent.evaluation import bugs_fixed
 
 TASK = binary_search_task()
 

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
+from jaxrl_agent.agent.evaluation import (episode_behaviour, paired_difference, pass_at_k, summarize_episodes,
+                                          wilson_interval)
 from jaxrl_agent.env.tasks import binary_search_task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
-from jaxrl_agent.evaluation import episode_behaviour, paired_difference, pass_at_k, summarize_episodes, wilson_interval
 from jaxrl_agent.trajectory import Episode
 
 
@@ -93,8 +94,8 @@ def test_sequential_failure_fixes_one_bug_and_submits(session):
 def test_layers_use_the_bugs_fixed_and_the_last_test_run(tmp_path):
     """A wrong edit submitted is basic (no progress), whatever came after it; one bug of two
     is sequential, with or without a failing test run before the submit (did not recover)."""
+    from jaxrl_agent.agent.evaluation import bugs_fixed
     from jaxrl_agent.env.sandbox import Sandbox
-    from jaxrl_agent.evaluation import bugs_fixed
 
     task = binary_search_task()
     path = task.metadata["source_file"]
@@ -122,7 +123,7 @@ def test_layers_use_the_bugs_fixed_and_the_last_test_run(tmp_path):
 
 
 def test_pass_at_k_curve_from_per_task_counts():
-    from jaxrl_agent.evaluation import pass_at_k_curve
+    from jaxrl_agent.agent.evaluation import pass_at_k_curve
 
     curve = pass_at_k_curve({"a": [1, 8], "b": [0, 8], "c": [8, 8], "d": [1, 2]}, ks=(1, 2, 8))
     assert curve["pass1"]["value"] == pytest.approx((1 / 8 + 0 + 1 + 1 / 2) / 4)
@@ -148,8 +149,8 @@ def test_summary_counts_per_template():
 
 
 def test_bugs_fixed_counts_each_injected_bug_from_the_final_source():
+    from jaxrl_agent.agent.evaluation import bugs_fixed
     from jaxrl_agent.env.tasks import binary_search_task
-    from jaxrl_agent.evaluation import bugs_fixed
 
     task = binary_search_task()
     path = task.metadata["source_file"]
@@ -173,8 +174,8 @@ def test_bug_outcomes_say_fixed_untouched_or_changed_per_site_and_count_stray_li
     """Each injected bug is fixed, left as injected, or changed some other way; a line the
     policy wrote that neither the reference nor the starting file holds is stray, and stray
     lines beyond the changed sites' are edits made somewhere else (a wrong place chosen)."""
+    from jaxrl_agent.agent.evaluation import bug_outcomes
     from jaxrl_agent.env.tasks import binary_search_task
-    from jaxrl_agent.evaluation import bug_outcomes
 
     task = binary_search_task()
     path = task.metadata["source_file"]

@@ -82,9 +82,9 @@ def test_generator_wording_changes_only_the_instruction(tmp_path):
 def test_module_renamed_validation_instances_differ_only_in_the_file_name(tmp_path):
     """Made-up and pool module names pair up instance by instance: same function, bugs and
     test cases; the file, its tests and the instruction carry the new name; both sound."""
+    from experiments.binary_search_rl.config import StudyConfig
     from experiments.binary_search_rl.handwritten_tasks import main, validation_with_module_names
     from experiments.binary_search_rl.stages import validation_tasks
-    from experiments.binary_search_rl.config import StudyConfig
 
     made_up = validation_with_module_names(6, made_up=True)
     pool = validation_with_module_names(6, made_up=False)
@@ -114,7 +114,7 @@ def test_demonstrations_on_made_up_modules_read_and_fix_the_listed_file(sb):
     """`made_up_modules` training data: the expert lists the files, reads the made-up one by
     its listed name and still fixes it (reward 1), so the path it writes is a copy."""
     from experiments.binary_search_rl.drills import module_renamed_tasks
-    from jaxrl_agent.demonstrations import collect_demonstrations
+    from jaxrl_agent.agent.demonstrations import collect_demonstrations
     from jaxrl_agent.env.tasks import generate_tasks
     from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from jaxrl_agent import malloc_env as M
+from jaxrl_agent.cli import malloc_env as M
 
 LIB = "libtcmalloc_minimal.so.4"
 
@@ -42,7 +42,7 @@ def test_without_tcmalloc_drops_only_tcmalloc():
     assert "LD_PRELOAD" not in M.without_tcmalloc({"LD_PRELOAD": LIB})
 
 
-PROBE = ("from jaxrl_agent.malloc_env import reexec_with_tcmalloc, tcmalloc_active; "
+PROBE = ("from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc, tcmalloc_active; "
          "reexec_with_tcmalloc(); import sys; print('ACTIVE' if tcmalloc_active() else 'PLAIN', sys.argv[1:])")
 
 

@@ -9,14 +9,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_agent import kv_cache
-from jaxrl_agent.model import (
-    CausalLM,
-    ModelConfig,
-    logp_and_entropy_from_logits,
-    policy_outputs,
-    token_logprobs_and_entropy,
-)
+from jaxrl_agent.model import kv_cache
+from jaxrl_agent.model.decoder import (CausalLM, ModelConfig, logp_and_entropy_from_logits, policy_outputs,
+                                       token_logprobs_and_entropy)
 
 CFG = ModelConfig(
     vocab_size=131, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,

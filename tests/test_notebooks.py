@@ -68,7 +68,7 @@ def test_every_notebook_is_listed_and_stored_without_outputs():
 def test_01_quickstart_colours_policy_and_observation_tokens():
     nb, seconds = _execute("01_quickstart.ipynb")
     html = "\n".join(_outputs(nb, "text/html"))
-    # rich's styles from pipelines.render_trajectory: bold green (policy), dim (masked)
+    # rich's styles from agent.evaluation.render_trajectory: bold green (policy), dim (masked)
     assert "#008000" in html and "font-weight: bold" in html and "#7f7f7f" in html
     text = "\n".join(_outputs(nb, "stream"))
     assert "reference fix" in text and "reward 1.0" in text

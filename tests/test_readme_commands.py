@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from jaxrl_agent import cli
+from jaxrl_agent.cli import main as cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -52,7 +52,7 @@ HOW = {
     "python -m jaxrl_agent demo": "tiny",
     **{c: "tiny" for c in SESSION},
     "python -m jaxrl_agent bandit --bandit.algo=rloo": "tiny",
-    "python -m jaxrl_agent.config_reference": "tiny",
+    "python -m jaxrl_agent.cli.config_reference": "tiny",
     "python -m experiments.binary_search_rl": "study",
     "python -m experiments.binary_search_rl --preset=gpu": "study",
     "pip install -e .[cuda12]": "static",
@@ -123,8 +123,8 @@ def test_every_cli_command_resolves_its_options():
         if " jaxrl_agent " not in f" {command} ":
             continue
         name, *overrides = _jaxrl_argv(command)
-        factory, _ = cli.COMMANDS[name]
-        cli.apply_overrides(factory()(), overrides)  # raises naming the bad key or value
+        run_config, _ = cli.COMMANDS[name]()
+        cli.apply_overrides(run_config(), overrides)  # raises naming the bad key or value
 
 
 # ---- ci ----
@@ -157,7 +157,7 @@ def test_static_commands_name_what_exists():
     # processes, launched by tests/process_launcher.py) and tests/test_sharding.py.
     import inspect
 
-    from jaxrl_agent import sharding
+    from jaxrl_agent.train import sharding
 
     src = inspect.getsource(sharding.initialize_distributed)
     for var in re.findall(r"\b([A-Z_]+)=", MULTI_HOST):
@@ -197,7 +197,7 @@ def _run(argv: list[str], cwd: str, timeout: int = 600) -> str:
 
 def test_config_reference_command():
     """The README's regenerate command, with --check so the committed file is compared, not rewritten."""
-    _run(["-m", "jaxrl_agent.config_reference", "--check"], cwd=ROOT)
+    _run(["-m", "jaxrl_agent.cli.config_reference", "--check"], cwd=ROOT)
 
 
 def test_bandit_command(tmp_path):

@@ -15,14 +15,15 @@ import pytest
 from flax import nnx
 
 import trainer_worker as tw
-from jaxrl_agent import cli, hf
+from jaxrl_agent import hf
 from jaxrl_agent import losses as L
+from jaxrl_agent.agent.preference_pairs import pair_batch, save_preference_pairs
+from jaxrl_agent.agent.reward_model import META_FILE, RewardModel, load_reward_model, with_scalar_head
+from jaxrl_agent.cli import main as cli
 from jaxrl_agent.config import LossConfig, OptimConfig, RewardConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES, REWARD_MODEL_LOSSES, reward_scores
-from jaxrl_agent.reward_model import (META_FILE, RewardModel, load_reward_model, pair_batch, save_preference_pairs,
-                                      with_scalar_head)
+from jaxrl_agent.losses.registry import LOSSES, REWARD_MODEL_LOSSES, reward_scores
 from jaxrl_agent.structs import PolicyOutputs
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate
 
 HELD_OUT_ACCURACY = 0.9  # chance is 0.5; the rule below is learnable from 120 pairs
@@ -199,8 +200,8 @@ def test_rm_train_reports_a_bad_pairs_line(tmp_path, capsys):
 def test_rl_on_verifier_plus_reward_model_logs_both(tmp_path):
     from test_rl import ROLLOUT, SAMPLING, TASKS, TOOLS, TRAJ, rl_config
 
-    from jaxrl_agent.model import CausalLM, ModelConfig
-    from jaxrl_agent.rl import train_rl
+    from jaxrl_agent.loops.rl import train_rl
+    from jaxrl_agent.model.decoder import CausalLM, ModelConfig
     from jaxrl_agent.tokenizer import load_tokenizer
 
     tok = load_tokenizer()

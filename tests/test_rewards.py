@@ -12,10 +12,10 @@ import pytest
 
 import np_reference as ref
 from jaxrl_agent import advantages as adv_lib
+from jaxrl_agent.agent.preference_pairs import (PreferenceDataError, load_preference_pairs, pairs_from_groups,
+                                                save_preference_pairs)
+from jaxrl_agent.agent.rewards import RewardComposer, RunningMeanStd, shaped_turn_rewards, turn_outcomes
 from jaxrl_agent.config import RewardConfig, TrajectoryConfig
-from jaxrl_agent.reward_model import (PreferenceDataError, load_preference_pairs, pairs_from_groups,
-                                      save_preference_pairs)
-from jaxrl_agent.rewards import RewardComposer, RunningMeanStd, shaped_turn_rewards, turn_outcomes
 from jaxrl_agent.trajectory import Episode, collate
 
 TRAJ = TrajectoryConfig(buckets=(16,))

@@ -13,8 +13,8 @@ from flax import nnx
 
 import rl_worker
 from jaxrl_agent.config import OptimConfig, RLConfig, TrainConfig
-from jaxrl_agent.model import CausalLM, ModelConfig
-from jaxrl_agent.rl import NoSignalError, train_rl
+from jaxrl_agent.loops.rl import NoSignalError, train_rl
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
 from jaxrl_agent.tokenizer import IM_END, load_tokenizer
 from jaxrl_agent.trajectory import Episode
 from rl_worker import configs, sft_policy
@@ -99,7 +99,7 @@ def test_resume_continues_from_checkpoint(sft_model, tok, tmp_path):
 def test_keep_best_exports_the_best_evaluated_policy_and_survives_a_resume(sft_model, tok, tmp_path, monkeypatch):
     """rl.keep_best: the policy of the best evaluation after training began (ties: the later)
     is `<run_dir>/best_policy`; a resumed run still knows the best from before its stop."""
-    import jaxrl_agent.rl as rl_mod
+    import jaxrl_agent.loops.rl as rl_mod
     from jaxrl_agent import hf
 
     real, scripted = rl_mod.evaluate, {}
@@ -140,7 +140,7 @@ def test_the_probe_is_iteration_one_and_the_before_eval_can_run_last(sft_model, 
     """Iteration 1 trains on the probe's episodes (the starting policy is sampled once for
     both), and rl.before_eval="end" evaluates the kept starting policy after training: the
     same episodes, so the same summary, as "start"."""
-    import jaxrl_agent.rl as rl_mod
+    import jaxrl_agent.loops.rl as rl_mod
 
     real, calls = rl_mod.collect_share, []
 
@@ -177,9 +177,9 @@ def test_the_top_bucket_compiles_when_the_first_rollout_needs_it(sft_model, tok,
     """rl.precompile: the smaller length buckets are compiled at once; the top one (the slowest)
     is queued during iteration 1's rollout as soon as one of its episodes needs it, else once
     iteration 1 is done (it then overlaps later rollouts, not the first one)."""
-    import jaxrl_agent.rl as rl_mod
+    import jaxrl_agent.loops.rl as rl_mod
     from jaxrl_agent.config import TrajectoryConfig
-    from jaxrl_agent.train_step import TrainStep
+    from jaxrl_agent.train.step import TrainStep
 
     rollouts, asked, inside = [], [], []
     real = rl_mod.collect_share
@@ -226,9 +226,10 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path, monkeypatch):
     """The CLI's eval and export jobs on a saved tiny policy and a short run's checkpoint; the
     eval job and the run's held-out evaluation read their tasks from a JSONL task file."""
     from jaxrl_agent import hf
+    from jaxrl_agent.agent.policy import PolicyConfig, load_policy
+    from jaxrl_agent.cli.eval import EvalConfig, EvalRunConfig, run_eval_job
+    from jaxrl_agent.cli.export import ExportConfig, ExportRunConfig, run_export_job
     from jaxrl_agent.env.tasks import binary_search_task, save_tasks
-    from jaxrl_agent.pipelines import (EvalConfig, EvalRunConfig, ExportConfig, ExportRunConfig, PolicyConfig,
-                                       load_policy, run_eval_job, run_export_job)
 
     policy = str(tmp_path / "policy")
     hf.save_pretrained(sft_model, sft_model.config, policy)
@@ -242,7 +243,7 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path, monkeypatch):
     lines = [json.loads(x) for x in open(str(tmp_path / "eval.episodes.jsonl"))]
     assert len(lines) == 2 and {x["task_id"] for x in lines} == {"binary_search"}
     # A failure after the episodes ran keeps them: a partial summary names the error.
-    import jaxrl_agent.rl as rl_mod
+    import jaxrl_agent.loops.rl as rl_mod
 
     def broken(*a, **k):
         raise RuntimeError("late failure")
@@ -270,7 +271,7 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path, monkeypatch):
 
 
 def test_render_trajectory_marks_policy_and_masked_tokens(tok):
-    from jaxrl_agent.pipelines import render_trajectory
+    from jaxrl_agent.agent.evaluation import render_trajectory
 
     prompt, reply, obs = tok.encode("<|im_start|>user\nfix it"), tok.encode("<tool_call>"), tok.encode("ok")
     ep = Episode(prompt + reply + obs, [0] * len(prompt) + [1] * len(reply) + [0] * len(obs),

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import rl_worker
-from process_launcher import launch
 from jaxrl_agent import hf
 from jaxrl_agent.tokenizer import load_tokenizer
+from process_launcher import launch
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_two_processes_split_the_rollouts_and_match_one_process(tmp_path):
     policy = str(tmp_path / "policy")
     hf.save_pretrained(model, model.config, policy, tokenizer=tok)
     # one process, in this process (8 simulated devices), from the same saved policy
-    from jaxrl_agent.pipelines import load_policy
+    from jaxrl_agent.agent.policy import load_policy
 
     ref_iters, ref = rl_worker.run_two_iterations(load_policy(policy)[0], tok, str(tmp_path / "one"))
     ref_params = ref["train_step"].host_policy_params(ref["state"])

@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_agent import rollout as R
-from jaxrl_agent.config import RolloutConfig
-from jaxrl_agent.config import SamplingConfig
+from jaxrl_agent.agent import rollout as R
+from jaxrl_agent.config import RolloutConfig, SamplingConfig
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import format_tool_call
-from jaxrl_agent.model import CausalLM, ModelConfig, policy_outputs
-from jaxrl_agent.sampling_engine import SamplingEngine, TurnResult
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.sampling.engine import SamplingEngine, TurnResult
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 
 RC = RolloutConfig(group_size=2, max_total_tokens=512, max_tokens_per_turn=24, tool_threads=4)
@@ -177,7 +176,7 @@ def test_scripted_fix_earns_reward_through_the_loop(tok, chat, sandbox):
 def test_free_metadata_of_a_task_file_never_crashes_the_loop(tok, chat, sandbox):
     """A user's task whose free metadata holds `"bugs": 2` and a non-string template: the
     episodes run, the behaviour records unknown bugs, the summary is written."""
-    from jaxrl_agent.evaluation import summarize_episodes
+    from jaxrl_agent.agent.evaluation import summarize_episodes
 
     task = binary_search_task()
     script = fix_script(task)

@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_agent.config import SamplingConfig
-from jaxrl_agent.model import CausalLM, ModelConfig, policy_outputs
-from jaxrl_agent.sampling import process_logits, select_tokens
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.sampling.decode import process_logits, select_tokens
+from jaxrl_agent.sampling.engine import SamplingEngine
 
 CFG = ModelConfig(
     vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -168,7 +168,7 @@ def test_row_independence(model, eng):
 def test_decode_windows_change_no_token(model, eng):
     """Windowed decoding (W = 16: four loops over S = 64) samples the same tokens, with the
     same log-probs up to rounding, as attending to all S slots in one loop."""
-    from jaxrl_agent.sampling import decode_windows
+    from jaxrl_agent.sampling.decode import decode_windows
 
     assert decode_windows(64, 16) == (16, 32, 48, 64) and decode_windows(64, 0) == (64,)
     assert decode_windows(64, 64) == (64,) and decode_windows(70, 32) == (32, 64, 70)
@@ -191,7 +191,7 @@ def test_skipping_windows_no_row_fits_changes_nothing(model):
     short rows that outgrow W mid-turn (a window runs, the next takes over, the rest skip)."""
     from functools import partial
 
-    from jaxrl_agent.sampling import generate
+    from jaxrl_agent.sampling.decode import generate
 
     graphdef, state = nnx.split(model)
     loops = {skip: jax.jit(partial(generate, config=SAMPLE, skip_empty_windows=skip)) for skip in (True, False)}

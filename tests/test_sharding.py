@@ -9,10 +9,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import trainer_worker as tw
-from jaxrl_agent import sharding as sh
 from jaxrl_agent.config import LossConfig, MeshConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.train_step import make_train_step
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.train import sharding as sh
+from jaxrl_agent.train.step import make_train_step
 from jaxrl_agent.trajectory import collate
 
 MESHES = {

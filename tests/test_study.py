@@ -6,14 +6,14 @@ import os
 
 import pytest
 
-from jaxrl_agent.cli import apply_overrides
-
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.__main__ import main
-from experiments.binary_search_rl.ablate import SERIES, run_ablation
+from experiments.binary_search_rl.ablate import SERIES
 from experiments.binary_search_rl.ablate import main as ablate_main
+from experiments.binary_search_rl.ablate import run_ablation
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.report import run_names
+from jaxrl_agent.cli.main import apply_overrides
 
 POLICIES = ("sft", "sft_success_only", *run_names((0, 1), "rloo"))
 TINY = ["--rl.seeds=0,1", "--gate.tasks=1", "--gate.samples=1", "--gate.min_sequential_share=0",
@@ -128,9 +128,9 @@ def test_drills_copy_lines_exactly_and_leave_the_fixed_file(tmp_path):
     and the workspace ends equal to the reference: drills teach copying, not wrong code."""
     import random
 
+    from experiments.binary_search_rl.drills import drill_transcript
     from jaxrl_agent.env.tasks import generate_tasks, workspace_files
     from jaxrl_agent.env.tools import create_workspaces
-    from experiments.binary_search_rl.drills import drill_transcript
 
     restores = 0
     for i, task in enumerate(generate_tasks("train", 12, 5)):
@@ -155,10 +155,10 @@ def test_random_name_drill_instances_use_no_pool_names(tmp_path):
     import ast
     import random
 
+    from experiments.binary_search_rl.drills import drill_transcript, random_name_tasks
     from jaxrl_agent.env.tasks import generate_tasks, workspace_files
     from jaxrl_agent.env.templates import TEMPLATES
     from jaxrl_agent.env.tools import create_workspaces
-    from experiments.binary_search_rl.drills import drill_transcript, random_name_tasks
 
     tasks = generate_tasks("train", 6, 5)
     assert random_name_tasks(tasks, 0.0, 0) == tasks
@@ -201,8 +201,8 @@ def test_copy_sequences_are_a_prefix_then_its_repeat_with_loss_on_the_repeat():
 def test_whole_transcript_loss_covers_everything_after_the_shared_prompt():
     """Drills as pretraining: loss on every token after the prompt all episodes share (tool
     results included), none on that prompt; ids and everything else unchanged."""
-    from jaxrl_agent.trajectory import Episode
     from experiments.binary_search_rl.drills import whole_transcript_loss
+    from jaxrl_agent.trajectory import Episode
 
     prompt = [7, 8, 9]
     eps = [Episode(prompt + [1, 2, 3, 4], [0, 0, 0, 1, 0, 0, 1], [0.0] * 7, [0] * 7, reward=1.0, group_id=4),
@@ -221,10 +221,10 @@ def test_turn_accuracy_scores_whole_turns_by_tool():
     """An expert turn counts only when every one of its tokens is predicted; grouped by tool."""
     import numpy as np
 
+    from experiments.binary_search_rl.diagnostics import turn_accuracy
     from jaxrl_agent.env.tool_calls import format_tool_call
     from jaxrl_agent.tokenizer import load_tokenizer
     from jaxrl_agent.trajectory import Episode
-    from experiments.binary_search_rl.diagnostics import turn_accuracy
 
     tok = load_tokenizer()
     ids, mask, turn = tok.encode("<|im_start|>user\nfix it<|im_end|>\n"), [], []
@@ -262,11 +262,11 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
     holds (a copy), and the text the edit changes (the fix); scored apart under teacher forcing."""
     import numpy as np
 
+    from experiments.binary_search_rl.diagnostics import edit_parts, turn_accuracy
     from jaxrl_agent.env.tasks import binary_search_task, workspace_files
     from jaxrl_agent.env.tool_calls import format_tool_call
     from jaxrl_agent.tokenizer import load_tokenizer
     from jaxrl_agent.trajectory import Episode
-    from experiments.binary_search_rl.diagnostics import edit_parts, turn_accuracy
 
     tok = load_tokenizer()
     task = binary_search_task()
@@ -335,10 +335,10 @@ def test_edit_turn_tokens_split_into_line_numbers_copied_text_and_the_fix():
 def test_str_replace_turn_tokens_split_into_the_old_lines_copied_text_and_the_fix():
     """A whole-line str_replace turn ("lines" style): `old` is its address, the new line's
     unchanged text a copy, its changed text the fix."""
+    from experiments.binary_search_rl.edits import edit_parts
     from jaxrl_agent.env.tasks import binary_search_task, workspace_files
     from jaxrl_agent.env.tool_calls import format_tool_call
     from jaxrl_agent.tokenizer import load_tokenizer
-    from experiments.binary_search_rl.edits import edit_parts
 
     tok = load_tokenizer()
     task = binary_search_task()
@@ -363,8 +363,8 @@ def _fake_split(p1: float, n: int = 200) -> dict:
 def test_report_without_rl_says_why_and_still_writes_the_sft_results(tmp_path):
     """When RL refused to start (no signal), the report keeps the SFT figures and marks the
     targets unmet with the reason instead of crashing or inventing numbers."""
-    from jaxrl_agent.tokenizer import load_tokenizer
     from experiments.binary_search_rl import report
+    from jaxrl_agent.tokenizer import load_tokenizer
 
     split = {s: _fake_split(0.2) for s in report.SPLIT_LABELS}
     example = {"ids": [1, 2, 3], "loss_mask": [0, 1, 1], "reward": 0.0, "termination": "max_turns"}
@@ -514,10 +514,10 @@ def test_pretrain_check_diagnoses_the_drilled_base_and_the_copy_only_model(tmp_p
 def test_drill_change_edits_leave_their_random_line_out_of_the_loss():
     """mask_changes: the change edits' line numbers (drawn at random) leave the loss; their
     copied text, the restores and the fix edits' numbers stay in it."""
-    from jaxrl_agent.env.tasks import generate_tasks, workspace_files
-    from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
     from experiments.binary_search_rl.drills import make_drills, mask_change_addresses
     from experiments.binary_search_rl.edits import edit_parts, policy_turns
+    from jaxrl_agent.env.tasks import generate_tasks, workspace_files
+    from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 
     chat = ChatFormat(load_tokenizer(), tool_style="short")
     tasks = generate_tasks("train", 3, 5)

@@ -6,19 +6,12 @@ import os
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Regex, Tokenizer as RawTokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex
+from tokenizers import Tokenizer as RawTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from jaxrl_agent.tokenizer import (
-    DEFAULT_TOKENIZER_DIR,
-    IM_END,
-    ChatFormat,
-    EpisodeBuilder,
-    PrefixError,
-    format_tool_call,
-    load_tokenizer,
-    render_chat,
-    short_tool_prompt,
-)
+from jaxrl_agent.tokenizer import (DEFAULT_TOKENIZER_DIR, IM_END, ChatFormat, EpisodeBuilder, PrefixError,
+                                   format_tool_call, load_tokenizer, render_chat, short_tool_prompt)
 
 TOOLS = [
     {"type": "function", "function": {"name": "list_files", "description": "List files.",
@@ -384,7 +377,7 @@ def test_file_mode_is_the_tokenizer_sft_trained_with(tok):
     punctuation mark before a newline run tokenizes differently from the repo tokenizer the
     study's SFT trained with. "file" mode (the default) reads tokenizer.json as written: the
     same ids as the repo tokenizer on every text here."""
-    from jaxrl_agent.pipelines import load_policy
+    from jaxrl_agent.agent.policy import load_policy
 
     skew = "FAILED test_x: assert [1, 2] == [1]\n  \n  At index 1 diff"
     auto, file = load_tokenizer(SHIPPED_SFT, mode="auto"), load_tokenizer(SHIPPED_SFT)
@@ -414,7 +407,7 @@ def test_a_runtime_install_imports_without_warnings():
     import sys
 
     code = ("import os, sys; sys.modules['torch'] = None\n"  # find_spec('torch') is None: torch absent
-            "import jaxrl_agent.cli, jaxrl_agent.pipelines, jaxrl_agent.rl, jaxrl_agent.demo, jaxrl_agent.hf\n"
+            "import jaxrl_agent.cli.main, jaxrl_agent.cli.eval, jaxrl_agent.loops.rl, jaxrl_agent.cli.demo, jaxrl_agent.hf\n"
             "from jaxrl_agent.tokenizer import load_tokenizer\n"
             "load_tokenizer()\n"
             "import transformers\n"

@@ -11,7 +11,7 @@ from flax import nnx
 
 import trainer_worker as tw
 from jaxrl_agent.config import TrajectoryConfig
-from jaxrl_agent.model import policy_outputs
+from jaxrl_agent.model.decoder import policy_outputs
 from jaxrl_agent.trajectory import Episode, bucket_length, collate, preference_pairs
 
 
@@ -158,3 +158,27 @@ def test_preference_pairs_layout():
         preference_pairs(pairs, TrajectoryConfig(buckets=(8,), batch_multiple=3))
     with pytest.raises(ValueError, match="cannot be packed"):
         preference_pairs(pairs, TrajectoryConfig(buckets=(8,), pack=True))
+
+
+# ---- the one episode file format ----
+def test_episodes_jsonl_round_trip_and_bad_lines_named(tmp_path):
+    from jaxrl_agent.trajectory import load_episodes, save_episodes
+
+    eps = [Episode([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.25], [0, 0, 0], 1.0, group_id=3, termination="submitted",
+                   info={"task_id": "t0"}, turn_rewards={0: -0.1}),
+           Episode([4, 5], [0, 1], [0.0, -1.0], [0, 0], 0.0)]
+    path = tmp_path / "eps.jsonl"
+    save_episodes(str(path), eps)
+    assert load_episodes(str(path)) == eps
+    save_episodes(str(path), eps[:1], append=True)
+    assert len(load_episodes(str(path))) == 3
+    # the older study / sft lines (no sampler_logp, group_id, turn_rewards) still read
+    path.write_text('{"ids": [1, 2], "loss_mask": [0, 1], "turn_id": [0, 0], "reward": 1.0, '
+                    '"termination": "submitted", "info": {}}\n\n')
+    (old,) = load_episodes(str(path))
+    assert old.sampler_logp == [0.0, 0.0] and old.reward == 1.0
+    for text, what in [('{"ids": [1, 2]}\n', "loss_mask"), ("not json\n", "invalid JSON"),
+                       ('{"ids": [1], "loss_mask": [2]}\n', "loss_mask must hold only 0 and 1")]:
+        path.write_text('{"ids": [1], "loss_mask": [1]}\n' + text)
+        with pytest.raises(ValueError, match=f"eps.jsonl:2: .*{what}"):
+            load_episodes(str(path))

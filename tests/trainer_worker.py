@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from jaxrl_agent.model import CausalLM, ModelConfig
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
 
 STEPS = 2
 # Unoptimised XLA codegen: half the compile time, and at these sizes the same run time.
@@ -68,14 +68,14 @@ def random_episodes(n: int, seed: int = 0, *, vocab: int = 128, group_size: int 
 
 
 def main(out_path: str) -> None:
-    from jaxrl_agent import sharding as sh
+    from jaxrl_agent.train import sharding as sh
 
     sh.initialize_distributed()  # before anything touches the backend
     import jax
 
     from jaxrl_agent.config import MeshConfig, TrajectoryConfig
-    from jaxrl_agent.loss_registry import LOSSES
-    from jaxrl_agent.train_step import make_train_step
+    from jaxrl_agent.losses.registry import LOSSES
+    from jaxrl_agent.train.step import make_train_step
     from jaxrl_agent.trajectory import collate
 
     cfg = distributed_train_config(MeshConfig(data=2, fsdp=2, preset="fsdp"))

@@ -23,16 +23,15 @@ import shutil
 import sys
 import time
 
-from jaxrl_agent.cli import apply_overrides
-from jaxrl_agent.compile_cache import enable as enable_compile_cache
-from jaxrl_agent.env.sandbox import Sandbox
-from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
-from jaxrl_agent.malloc_env import reexec_with_tcmalloc
-from jaxrl_agent.tokenizer import load_tokenizer
-
 from experiments.binary_search_rl import diagnostics, report, stages
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
 from experiments.binary_search_rl.parallel import run_stages
+from jaxrl_agent.cli.compile_cache import enable as enable_compile_cache
+from jaxrl_agent.cli.main import apply_overrides
+from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
+from jaxrl_agent.tokenizer import load_tokenizer
 
 
 def ship_policies(done: dict, policies_dir: str) -> list[str]:
@@ -103,7 +102,7 @@ def run_study(cfg: StudyConfig, *, ship_demo_policy: bool = False, policies_dir:
     print(report.results_markdown(summary))
     print("wrote", ", ".join(written))
     if ship_demo_policy:
-        from jaxrl_agent.pipelines import DEMO_POLICY_DIR
+        from jaxrl_agent.agent.policy import DEMO_POLICY_DIR
 
         shutil.copytree(done["sft"]["policy"], DEMO_POLICY_DIR, dirs_exist_ok=True)
         m = cfg.model  # the description is written from the config, so it cannot go stale
@@ -142,5 +141,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/malloc_env.py
+    reexec_with_tcmalloc()  # XLA:CPU's per-call scratch: see jaxrl_agent/cli/malloc_env.py
     sys.exit(main())

@@ -25,11 +25,10 @@ import json
 import os
 import sys
 
-from jaxrl_agent.cli import apply_overrides
-
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.__main__ import given_sft
 from experiments.binary_search_rl.config import PRESETS, StudyConfig
+from jaxrl_agent.cli.main import apply_overrides
 
 SERIES = ("success", "tool_errors", "interface_errors", "submitted", "edits", "tokens")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from jaxrl_agent.pipelines import TinyModelConfig
+from jaxrl_agent.agent.policy import TinyModelConfig
 from jaxrl_agent.tokenizer import TOKENIZER_MODES
 
 

@@ -29,10 +29,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_agent.model import CausalLM
-from jaxrl_agent.pipelines import TinyModelConfig
-
 from experiments.binary_search_rl.drills import copy_sequences
+from jaxrl_agent.agent.policy import TinyModelConfig
+from jaxrl_agent.model.decoder import CausalLM
 
 VOCAB, BATCH = 3000, 32
 

@@ -27,15 +27,14 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from experiments.binary_search_rl.edits import policy_turns
+from jaxrl_agent.agent.rollout import episode_prompt
 from jaxrl_agent.config import SYSTEM_PROMPT
 from jaxrl_agent.env.expert import plan_edits
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
-from jaxrl_agent.rollout import episode_prompt
 from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
-
-from experiments.binary_search_rl.edits import policy_turns
 
 
 @dataclass
@@ -206,11 +205,10 @@ def correction_round(cfg, policy: str, demos: list[Episode], *, tasks: int, step
     instances (half with made-up file names, as the demonstrations), the failures' corrections
     (repeated `repeat` times) join `demos`, and `policy` is fine-tuned on them for `steps`
     (`stages._fit`, exported to `<work_dir>/<name>/policy`); `decisions` as `accepted`."""
-    from jaxrl_agent.env.tasks import generate_tasks
-    from jaxrl_agent.rl import evaluate
-
     from experiments.binary_search_rl import stages
     from experiments.binary_search_rl.drills import module_renamed_tasks
+    from jaxrl_agent.env.tasks import generate_tasks
+    from jaxrl_agent.loops.rl import evaluate
 
     d = cfg.demos
     seed = cfg.seed + SEED_OFFSET
@@ -239,10 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from dataclasses import replace
 
-    from jaxrl_agent.env.sandbox import Sandbox
-
     from experiments.binary_search_rl.config import StudyConfig
-    from experiments.binary_search_rl.stages import _load_episodes
+    from jaxrl_agent.env.sandbox import Sandbox
+    from jaxrl_agent.trajectory import load_episodes
 
     p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
     p.add_argument("--policy", required=True, help="the SFT policy (HF directory)")
@@ -265,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--demos={args.demos} does not exist: run the study's demonstration stage first")
     cfg = replace(StudyConfig(), work_dir=args.work_dir)
     with Sandbox(num_workers=cfg.sandbox_workers) as sandbox:
-        out = correction_round(cfg, args.policy, _load_episodes(args.demos), tasks=args.tasks, steps=args.steps,
+        out = correction_round(cfg, args.policy, load_episodes(args.demos), tasks=args.tasks, steps=args.steps,
                                learning_rate=args.learning_rate, repeat=args.repeat, name=args.name, sandbox=sandbox,
                                decisions=args.decisions == "true")
     out.pop("nll", None)

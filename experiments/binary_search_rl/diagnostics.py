@@ -27,15 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_agent.demonstrations import collect_demonstrations
-from jaxrl_agent.env.tasks import generate_tasks, workspace_files
-from jaxrl_agent.pipelines import load_policy
-from jaxrl_agent.trajectory import Episode
-
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.edits import EDIT_PARTS, edit_parts, policy_turns
 from experiments.binary_search_rl.stage_cache import cached, code_fingerprint, finish, policy_mtime
 from experiments.binary_search_rl.stages import chat_format, tools_config
+from jaxrl_agent.agent.demonstrations import collect_demonstrations
+from jaxrl_agent.agent.policy import load_policy
+from jaxrl_agent.env.tasks import generate_tasks, workspace_files
+from jaxrl_agent.trajectory import Episode
 
 SEED_OFFSET = 200
 """Instances come from `heldout_instances` with seed `eval.seed + 200` (evaluation uses

@@ -43,7 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxrl_agent.demonstrations import transcript_to_episode
+from experiments.binary_search_rl.edits import edit_parts, policy_turns
+from jaxrl_agent.agent.demonstrations import transcript_to_episode
 from jaxrl_agent.env.expert import Transcript, _wrong, plan_edits
 from jaxrl_agent.env.tasks import Task, make_instance, workspace_files
 from jaxrl_agent.env.templates import TEMPLATES
@@ -51,8 +52,6 @@ from jaxrl_agent.env.tools import (TOOL_SETS, ToolConfig, Tools, ToolSession, cr
                                    number_text)
 from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.trajectory import Episode
-
-from experiments.binary_search_rl.edits import edit_parts, policy_turns
 
 
 def _copyable_lines(text: str) -> list[tuple[int, str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from jaxrl_agent.evaluation import paired_difference
+from jaxrl_agent.agent.evaluation import paired_difference
 
 
 def task_rates(path: str) -> dict[str, float]:

@@ -38,7 +38,7 @@ class StageError(RuntimeError):
 
 _CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
                   "jax_persistent_cache_min_entry_size_bytes", "jax_compilation_cache_max_size")
-"""The persistent compilation cache's settings (`jaxrl_agent.compile_cache.enable`), copied to workers."""
+"""The persistent compilation cache's settings (`jaxrl_agent.cli.compile_cache.enable`), copied to workers."""
 
 
 def _worker_init(options: dict[str, Any], parent: int) -> None:

@@ -23,12 +23,11 @@ import os
 import sys
 from dataclasses import asdict, replace
 
-from jaxrl_agent.cli import apply_overrides
-from jaxrl_agent.env.sandbox import Sandbox
-
 from experiments.binary_search_rl import diagnostics, stages
-from experiments.binary_search_rl.stage_cache import stage_dir
 from experiments.binary_search_rl.config import PRESETS
+from experiments.binary_search_rl.stage_cache import stage_dir
+from jaxrl_agent.cli.main import apply_overrides
+from jaxrl_agent.env.sandbox import Sandbox
 
 
 def check(cfg) -> dict:

@@ -9,10 +9,9 @@ import json
 import os
 import subprocess
 
-from jaxrl_agent.evaluation import paired_difference, pass_at_k_curve
-
 from experiments.binary_search_rl.diagnostics import diagnostics_markdown
 from experiments.binary_search_rl.sites import failed_rows
+from jaxrl_agent.agent.evaluation import paired_difference, pass_at_k_curve
 
 LABELS = {"pretrain": "drilled base (no demos)", "sft": "SFT (all demos)",
           "sft_success_only": "SFT (successful demos only)",

@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import sys
 
-from jaxrl_agent.env.tasks import TEMPLATES
-from jaxrl_agent.evaluation import FAILED_SITE_KINDS, paired_difference
-from jaxrl_agent.rl import evaluate
-
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.stages import rollout_config, sampler, tools_config, validation_tasks
+from jaxrl_agent.agent.evaluation import FAILED_SITE_KINDS, paired_difference
+from jaxrl_agent.env.tasks import TEMPLATES
+from jaxrl_agent.loops.rl import evaluate
 
 
 def site_line(site: str) -> str:

@@ -6,7 +6,6 @@ recomputes exactly the stages that depend on it.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -14,33 +13,32 @@ from dataclasses import asdict
 
 from flax import nnx
 
-from jaxrl_agent import evaluation
-from jaxrl_agent.checkpoint import export_hf
-from jaxrl_agent.config import (LossConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, TrainConfig,
-                                TrajectoryConfig)
-from jaxrl_agent.demonstrations import collect_demonstrations
-from jaxrl_agent.env import expert
-from jaxrl_agent.env.expert import STYLES
-from jaxrl_agent.env.sandbox import Sandbox
-from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
-from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
-from jaxrl_agent.env.tools import ToolConfig
-from jaxrl_agent.model import CausalLM
-from jaxrl_agent.offline import run_sft
-from jaxrl_agent.pipelines import agent_sampling, load_policy
-from jaxrl_agent.rl import NoSignalError, evaluate, train_rl
-from jaxrl_agent.sampling_engine import SamplingEngine
-from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
-from jaxrl_agent.trajectory import Episode
-
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import (copy_sequences, make_drills, module_renamed_tasks, random_name_tasks,
                                                  whole_transcript_loss)
 from experiments.binary_search_rl.parallel import run_stages
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stage_cache import cached, code_fingerprint, finish, policy_mtime, stage_dir
+from jaxrl_agent.agent import evaluation
+from jaxrl_agent.agent.demonstrations import collect_demonstrations
+from jaxrl_agent.agent.policy import load_policy
+from jaxrl_agent.config import (LossConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, TrainConfig,
+                                TrajectoryConfig)
+from jaxrl_agent.env import expert
+from jaxrl_agent.env.expert import STYLES
+from jaxrl_agent.env.sandbox import Sandbox
+from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
+from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
+from jaxrl_agent.env.tools import ToolConfig
+from jaxrl_agent.loops.offline import run_sft
+from jaxrl_agent.loops.rl import NoSignalError, evaluate, train_rl
+from jaxrl_agent.model.decoder import CausalLM
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine
+from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
+from jaxrl_agent.train.checkpoint import export_hf
+from jaxrl_agent.trajectory import Episode, load_episodes, save_episodes
 
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 VALIDATION_SEED_OFFSET = 5555
 """Validation instances: `generate_tasks("train", n, seed + 5555)`, fresh instances of the
 training templates (disjoint from the RL pool's stream). The gate, the learning curves and the
@@ -92,7 +90,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
     path = _demo_path(cfg)
     done = cached(cfg, "demos", stamp)
     if done is not None and os.path.exists(path):
-        return _load_episodes(path), done
+        return load_episodes(path), done
     t0 = time.time()
     tasks = module_renamed_tasks(generate_tasks("train", d.num_tasks, cfg.seed), cfg.seed, made_up=True,
                                  share=d.made_up_modules, words=d.word_modules)
@@ -105,10 +103,7 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
         if ts:
             episodes += collect_demonstrations(ts, sandbox, chat_format(cfg), (style,),
                                                threads=cfg.sandbox_workers, tool_cfg=tools_config(cfg))
-    with open(path, "w") as f:
-        for e in episodes:
-            f.write(json.dumps({"ids": e.ids, "loss_mask": e.loss_mask, "turn_id": e.turn_id, "reward": e.reward,
-                                "termination": e.termination, "info": e.info}) + "\n")
+    save_episodes(path, episodes)
     n = len(episodes)
     result = {"episodes": n, "success": sum(e.reward >= 1 for e in episodes) / n,
               "per_style": {s: {"episodes": len(v), "success": sum(e.reward >= 1 for e in episodes
@@ -118,16 +113,6 @@ def demonstrations(cfg: StudyConfig, sandbox) -> tuple[list[Episode], dict]:
               "mean_policy_tokens": sum(sum(e.loss_mask) for e in episodes) / n,
               "seconds": time.time() - t0}
     return episodes, finish(cfg, "demos", stamp, result)
-
-
-def _load_episodes(path: str) -> list[Episode]:
-    out = []
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            out.append(Episode(r["ids"], r["loss_mask"], [0.0] * len(r["ids"]), r["turn_id"], r["reward"],
-                               termination=r["termination"], info=r["info"]))
-    return out
 
 
 # ---- 2. pretraining on edit drills, SFT (all demonstrations / successful ones only) ----
@@ -242,7 +227,7 @@ def sft_policies(cfg: StudyConfig, *, success_only: bool = True, jobs: int = 1) 
     base = done.pop("pretrain")
     if base is not None:
         done["pretrain"] = base
-    demos, demo_stamp = _load_episodes(_demo_path(cfg)), _demo_stamp(cfg)
+    demos, demo_stamp = load_episodes(_demo_path(cfg)), _demo_stamp(cfg)
     done["sft"] = sft(cfg, "sft", demos, demo_stamp, base, success_only=False)
     if success_only:
         done["sft_success_only"] = sft(cfg, "sft_success_only", demos, demo_stamp, base, success_only=True)
@@ -276,8 +261,7 @@ def sampler(cfg: StudyConfig, policy: str, seed: int) -> tuple[SamplingEngine, C
     """The engine (whole episodes of the rollout's token budget) and chat format that sample
     `policy` for the gate and the evaluations."""
     model, tok = load_policy(policy, cfg.policy_tokenizer)
-    engine = SamplingEngine(model, agent_sampling(batch_size=ENGINE_ROWS, stop_token_ids=tuple(tok.stop_ids),
-                                                  cache_size=rollout_config(cfg).max_total_tokens, seed=seed))
+    engine = SamplingEngine(model, episode_engine(tok, rollout_config(cfg), batch_size=ENGINE_ROWS, seed=seed))
     return engine, chat_format(cfg, tok)
 
 
@@ -358,10 +342,9 @@ def _train(cfg: StudyConfig, name: str, stamp: dict, model, tok, run_dir: str, t
                     shuffle_rewards=shuffle_rewards, require_signal=r.require_signal, seed=seed, keep_best=r.keep_best,
                     run_dir=run_dir, checkpoint_every=r.iterations, sandbox_workers=cfg.sandbox_workers),
         rollout=rollout_config(cfg, group_size=r.group_size), sampling=agent_sampling(batch_size=ENGINE_ROWS),
-        # group baselines need the whole batch: computed once before the mini-batch split
+        # the group baselines see the whole batch: TrainStep computes them before the mini-batch split
         train=TrainConfig(num_mini_batches=r.mini_batches, loss=LossConfig(kl_coef=r.kl_coef, agg=r.agg),
-                          use_ref=r.kl_coef > 0,
-                          advantage=algo if r.mini_batches > 1 and algo in GROUP_ADVANTAGES else "loss"),
+                          use_ref=r.kl_coef > 0),
         optim=OptimConfig(learning_rate=r.learning_rate), tools=tools_config(cfg),
         rewards=RewardConfig(tool_error_penalty=r.tool_error_penalty,
                              interface_error_penalty=r.interface_error_penalty,

@@ -1,11 +1,15 @@
-"""DEVICE: the algorithms as swappable `LossFn`s, and the `LOSSES` registry.
+"""DEVICE: the algorithms as swappable `LossFn`s, the `LOSSES` registry, and the one advantage
+path: which estimator each algorithm uses (`LOSS_ADVANTAGES`) and its computation
+(`estimate_advantages`).
 
     LossFn = Callable[[PolicyOutputs, TrainBatch, LossConfig], tuple[jax.Array, dict]]
 
-Each entry composes kernels from losses.py and advantages.py. Advantages come from
-`batch.advantages` when the caller precomputed them; otherwise the loss derives them from the
-batch (group advantages from `reward` / `group_id`, GAE from `token_rewards` / `old_values`),
-always under `stop_gradient`. `old_logp` falls back to `sampler_logp` (fully on-policy data).
+    TrainBatch --(TrainStep, before a mini-batch split)--> estimate_advantages(LOSS_ADVANTAGES[algo])
+               --> batch.advantages (+ returns) --> LOSSES[algo] reads them
+    (a batch without them: the loss calls estimate_advantages itself, on the rows it is given)
+
+Each entry composes kernels from kernels.py and advantages.py, always under `stop_gradient`.
+`old_logp` falls back to `sampler_logp` (fully on-policy data).
 
 `REWARD_MODEL_LOSSES` holds the LossFns that train a reward model's scalar head
 (Bradley-Terry) through the same train step.
@@ -22,8 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_agent import advantages as adv_lib
-from jaxrl_agent import losses as L
 from jaxrl_agent.config import LossConfig
+from jaxrl_agent.losses import kernels as L
+from jaxrl_agent.losses.preference import bradley_terry_loss, dpo_loss, last_token_index
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 
 LossFn = Callable[[PolicyOutputs, TrainBatch, LossConfig], tuple[jax.Array, dict]]
@@ -43,16 +48,40 @@ def _is_weights(batch: TrainBatch, cfg: LossConfig) -> jax.Array | None:
     return sg(jnp.minimum(jnp.exp(jnp.clip(batch.old_logp - batch.sampler_logp, -20.0, 20.0)), cfg.tis_cap))
 
 
-def _group_advantages(batch: TrainBatch, kind: str, cfg: LossConfig) -> jax.Array:
+def estimate_advantages(batch: TrainBatch, kind: str, cfg: LossConfig) -> tuple[jax.Array, jax.Array | None]:
+    """The one advantage computation, `[B, T]` over all rows of `batch` (zero off the loss mask),
+    and the value targets when the estimator has them (GAE's returns; None otherwise).
+
+    kind: "grpo" / "dr_grpo" (std-normalised when `cfg.norm_by_std` and kind is "grpo") / "rloo":
+    an outcome advantage of `reward` per `group_id`, broadcast on the policy tokens; "gae":
+    critic values `old_values` (0 without a critic), whitened over the batch if
+    `cfg.whiten_advantages`; "reinforce_pp": KL-shaped token rewards (when `ref_logp` and
+    `cfg.kl_coef` are set; the behaviour policy's log-probs), discounted and whitened.
+    Every loss below and `TrainStep` (before a mini-batch split) call this; no gradient flows.
+    """
+    m = batch.loss_mask
+    if kind in ("grpo", "dr_grpo"):
+        a = adv_lib.grpo(batch.reward, batch.group_id, norm_by_std=cfg.norm_by_std and kind == "grpo")
+        return sg(adv_lib.broadcast(a, m)), None
+    if kind == "rloo":
+        return sg(adv_lib.broadcast(adv_lib.rloo(batch.reward, batch.group_id), m)), None
+    if kind == "gae":
+        values = jnp.zeros_like(batch.token_rewards) if batch.old_values is None else batch.old_values
+        a, returns = adv_lib.gae(batch.token_rewards, values, m, gamma=cfg.gamma, lam=cfg.lam)
+        return sg(adv_lib.whiten(a, m) if cfg.whiten_advantages else a), sg(returns)
+    if kind == "reinforce_pp":
+        r = batch.token_rewards
+        if batch.ref_logp is not None and cfg.kl_coef:
+            r = r - cfg.kl_coef * L.kl_penalty(_old_logp(batch), batch.ref_logp, cfg.kl_kind) * m.astype(r.dtype)
+        return sg(adv_lib.reinforce_pp(r, m, gamma=cfg.gamma)), None
+    raise ValueError(f"unknown advantage {kind!r}; expected one of {ESTIMATORS}")
+
+
+def _advantages(batch: TrainBatch, kind: str, cfg: LossConfig) -> tuple[jax.Array, jax.Array | None]:
+    """The batch's precomputed advantages (and value targets) when it has them, else `kind`'s."""
     if batch.advantages is not None:
-        return sg(batch.advantages)
-    if kind == "grpo":
-        a = adv_lib.grpo(batch.reward, batch.group_id, norm_by_std=cfg.norm_by_std)
-    elif kind == "rloo":
-        a = adv_lib.rloo(batch.reward, batch.group_id)
-    else:
-        raise ValueError(f"unknown group advantage {kind!r}")
-    return sg(adv_lib.broadcast(a, batch.loss_mask))
+        return sg(batch.advantages), None if batch.returns is None else sg(batch.returns)
+    return estimate_advantages(batch, kind, cfg)
 
 
 def _regularisers(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig, agg: str) -> tuple[jax.Array, dict]:
@@ -91,14 +120,7 @@ def _clip_loss(out, batch, cfg, adv, agg):
 def ppo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """PPO: GAE advantages from token rewards and the critic's old values (values 0 without
     a critic), optional whitening, clipped surrogate, KL term, entropy, clipped value loss."""
-    if batch.advantages is not None:
-        adv, returns = sg(batch.advantages), None
-    else:
-        old_v = jnp.zeros_like(out.logp) if batch.old_values is None else batch.old_values
-        adv, returns = adv_lib.gae(batch.token_rewards, old_v, batch.loss_mask, gamma=cfg.gamma, lam=cfg.lam)
-        if cfg.whiten_advantages:
-            adv = adv_lib.whiten(adv, batch.loss_mask)
-        adv, returns = sg(adv), sg(returns)
+    adv, returns = _advantages(batch, "gae", cfg)
     pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
     loss, metrics = _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
     if out.values is not None and batch.old_values is not None and returns is not None:
@@ -112,7 +134,7 @@ def ppo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 def grpo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """GRPO: group-normalised outcome advantage on every policy token, PPO clip, KL to the
     reference as a loss term (estimator `cfg.kl_kind`, weight `cfg.kl_coef`)."""
-    adv = _group_advantages(batch, "grpo", cfg)
+    adv, _ = _advantages(batch, "grpo", cfg)
     pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
     return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
 
@@ -131,7 +153,7 @@ def dapo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 
 def gspo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """GSPO: group advantages with the sequence-level clipped ratio."""
-    adv = _group_advantages(batch, "grpo", cfg)
+    adv, _ = _advantages(batch, "grpo", cfg)
     pg, metrics = L.gspo_policy_loss(out.logp, _old_logp(batch), adv, batch.loss_mask,
                                      clip_low=cfg.gspo_clip_low, clip_high=cfg.gspo_clip_high, agg=cfg.agg)
     return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
@@ -139,7 +161,7 @@ def gspo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 
 def cispo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """CISPO: group advantages with clipped stop-gradient IS weights on every token."""
-    adv = _group_advantages(batch, "grpo", cfg)
+    adv, _ = _advantages(batch, "grpo", cfg)
     pg, metrics = L.cispo_policy_loss(out.logp, _old_logp(batch), adv, batch.loss_mask,
                                       clip_high=cfg.cispo_clip_high, clip_low=cfg.cispo_clip_low, agg=cfg.agg)
     return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
@@ -147,7 +169,7 @@ def cispo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 
 def rloo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """RLOO: leave-one-out group baseline, PPO clip."""
-    adv = _group_advantages(batch, "rloo", cfg)
+    adv, _ = _advantages(batch, "rloo", cfg)
     pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
     return _finish(pg, metrics, out, batch, cfg, cfg.agg, adv)
 
@@ -155,14 +177,7 @@ def rloo_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 def reinforce_pp_loss(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
     """REINFORCE++: the KL to the reference goes into the token rewards (k-estimator of the
     behaviour policy, stop-gradient), then whitened discounted returns, PPO clip."""
-    if batch.advantages is not None:
-        adv = sg(batch.advantages)
-    else:
-        rewards = batch.token_rewards
-        if batch.ref_logp is not None and cfg.kl_coef:
-            kl = L.kl_penalty(_old_logp(batch), batch.ref_logp, cfg.kl_kind)
-            rewards = rewards - cfg.kl_coef * kl * batch.loss_mask.astype(rewards.dtype)
-        adv = sg(adv_lib.reinforce_pp(rewards, batch.loss_mask, gamma=cfg.gamma))
+    adv, _ = _advantages(batch, "reinforce_pp", cfg)
     pg, metrics = _clip_loss(out, batch, cfg, adv, cfg.agg)
     # KL already in the reward: only the entropy regulariser is added here.
     return _finish(pg, metrics, out, batch, replace(cfg, kl_coef=0.0), cfg.agg, adv)
@@ -184,7 +199,7 @@ def dpo_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
         raise ValueError(f"dpo needs an even batch of (chosen, rejected) rows, got B={B}")
     seq = L.sequence_logp(out.logp, batch.loss_mask)
     ref = L.sequence_logp(batch.ref_logp, batch.loss_mask)
-    loss, metrics = L.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=cfg.dpo_beta,
+    loss, metrics = dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta=cfg.dpo_beta,
                                kind=cfg.dpo_kind, label_smoothing=cfg.dpo_label_smoothing)
     return loss, {**metrics, "loss": loss}
 
@@ -199,7 +214,7 @@ def reward_scores(out: PolicyOutputs, batch: TrainBatch) -> jax.Array:
         raise ValueError("a reward model needs a scalar head: build it with ModelConfig(value_head=True) "
                          "(reward_model.with_scalar_head)")
     t = out.values.shape[1]
-    idx = jnp.minimum(L.last_token_index(batch.loss_mask) + 1, t - 1)
+    idx = jnp.minimum(last_token_index(batch.loss_mask) + 1, t - 1)
     return jnp.take_along_axis(out.values, idx[:, None], axis=1)[:, 0]
 
 
@@ -213,7 +228,7 @@ def bradley_terry_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig
     score = reward_scores(out, batch)
     has = batch.loss_mask.sum(axis=1) > 0
     w = (has[0::2] & has[1::2]).astype(score.dtype)
-    loss, metrics = L.bradley_terry_loss(score[0::2], score[1::2], margin=cfg.rm_margin,
+    loss, metrics = bradley_terry_loss(score[0::2], score[1::2], margin=cfg.rm_margin,
                                          label_smoothing=cfg.rm_label_smoothing, weights=w)
     return loss, {**metrics, "loss": loss}
 
@@ -231,17 +246,22 @@ LOSSES: dict[str, LossFn] = {
     "dpo": dpo_loss_fn,
 }
 
-# The advantage each loss derives when the batch brings none, in the language of
-# `train_step.compute_advantages` (None: the loss reads no advantage). The one table the train
-# step reads: a group estimator couples the rows of a group, so with `num_mini_batches` > 1 the
-# step computes it over the whole batch before splitting (`TrainStep`), and the loss's own
-# fallback only serves a batch that is not split. "grpo" follows `LossConfig.norm_by_std`
-# (False in Dr. GRPO's defaults), as the losses themselves do.
+# The advantage each loss derives when the batch brings none (`estimate_advantages`'s kinds;
+# None: the loss reads no advantage): the one table the train step reads. Every estimator but
+# a per-sequence one without whitening couples the rows of a batch (group statistics, whitening
+# over the batch), so with `num_mini_batches` > 1 `TrainStep` computes it once over the whole
+# batch before the split, and the loss's own fallback only serves a batch that is not split.
+# "grpo" follows `LossConfig.norm_by_std` (False in Dr. GRPO's defaults), as the losses do.
 LOSS_ADVANTAGES: dict[str, str | None] = {
-    "ppo": "gae", "grpo": "grpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo", "cispo": "grpo",
+    "ppo": "gae", "grpo": "grpo", "dr_grpo": "dr_grpo", "dapo": "grpo", "gspo": "grpo", "cispo": "grpo",
     "rloo": "rloo", "reinforce_pp": "reinforce_pp", "sft": None, "dpo": None,
 }
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gae", "reinforce_pp")
+# The estimators whose rows form groups (`group_id`): the GRPO family and RLOO.
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+# The losses that learn from rewards (every one with an advantage): what the RL loop, the
+# bandit and the CLI accept as an RL algorithm. "sft" and "dpo" train a policy from data.
+RL_LOSSES = tuple(name for name, kind in LOSS_ADVANTAGES.items() if kind is not None)
 
 
 def advantage_of(loss_fn: LossFn) -> str | None:

@@ -323,3 +323,28 @@ def _bug_statistics(behaviours: Sequence[dict]) -> dict:
     return {"fixed_all_bugs": sum(b["bugs_fixed"] == b["bugs_total"] for b in known) / len(known),
             "fixed_some_bug": sum(b["bugs_fixed"] > 0 for b in known) / len(known),
             "bugs_fixed_share": sum(b["bugs_fixed"] for b in known) / sum(b["bugs_total"] for b in known)}
+
+
+# ---- display ----
+def render_trajectory(episode, tokenizer, max_chars: int = 4000):
+    """A rich Text of one episode: policy tokens (loss_mask 1) in bold green, observation /
+    prompt tokens (loss_mask 0, masked out of the loss) dimmed."""
+    from rich.text import Text
+
+    text = Text()
+    spans, cur, start = [], None, 0
+    for i, m in enumerate(episode.loss_mask + [None]):
+        if m != cur:
+            if cur is not None:
+                spans.append((cur, episode.ids[start:i]))
+            cur, start = m, i
+    shown = 0
+    for m, ids in spans:
+        piece = tokenizer.decode(ids)
+        if shown + len(piece) > max_chars:
+            piece = piece[: max(0, max_chars - shown)] + " ..."
+        text.append(piece, style="bold green" if m == 1 else "dim")
+        shown += len(piece)
+        if shown >= max_chars:
+            break
+    return text

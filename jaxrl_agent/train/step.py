@@ -35,16 +35,15 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_agent import advantages as adv_lib
-from jaxrl_agent import losses as L
-from jaxrl_agent import lora as lora_lib
-from jaxrl_agent import sharding as sh
-from jaxrl_agent.config import LossConfig, OptimConfig, TrainConfig
-from jaxrl_agent.loss_registry import GROUP_ESTIMATORS, advantage_of
-from jaxrl_agent.model import CausalLM, policy_outputs
+from jaxrl_agent.config import OptimConfig, TrainConfig
+from jaxrl_agent.losses import kernels as L
+from jaxrl_agent.losses.registry import ESTIMATORS, advantage_of, estimate_advantages
+from jaxrl_agent.model.decoder import CausalLM, policy_outputs
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
+from jaxrl_agent.train import lora as lora_lib
+from jaxrl_agent.train import sharding as sh
 
-ADVANTAGES = ("loss", "grpo", "dr_grpo", "rloo", "gae", "reinforce_pp")
+ADVANTAGES = ("loss", *ESTIMATORS)
 
 
 # ---- optimizer ----
@@ -91,32 +90,6 @@ class TrainState:
     ref: Any = None
 
 
-def compute_advantages(batch: TrainBatch, kind: str, cfg: LossConfig) -> jax.Array:
-    """Advantages `[B, T]` over the whole rollout batch (zero off the loss mask).
-
-    kind: "grpo" / "dr_grpo" / "rloo" (outcome advantage broadcast on policy tokens), "gae"
-    (critic values `old_values`, or 0 without a critic; whitened if `cfg.whiten_advantages`),
-    "reinforce_pp" (KL-shaped token rewards when `ref_logp` and `cfg.kl_coef` are set).
-    """
-    m = batch.loss_mask
-    if kind in ("grpo", "dr_grpo"):
-        a = adv_lib.grpo(batch.reward, batch.group_id, norm_by_std=cfg.norm_by_std and kind == "grpo")
-        return adv_lib.broadcast(a, m)
-    if kind == "rloo":
-        return adv_lib.broadcast(adv_lib.rloo(batch.reward, batch.group_id), m)
-    if kind == "gae":
-        values = jnp.zeros_like(batch.token_rewards) if batch.old_values is None else batch.old_values
-        a, _ = adv_lib.gae(batch.token_rewards, values, m, gamma=cfg.gamma, lam=cfg.lam)
-        return adv_lib.whiten(a, m) if cfg.whiten_advantages else a
-    if kind == "reinforce_pp":
-        r = batch.token_rewards
-        if batch.ref_logp is not None and cfg.kl_coef:
-            old = batch.sampler_logp if batch.old_logp is None else batch.old_logp
-            r = r - cfg.kl_coef * L.kl_penalty(old, batch.ref_logp, cfg.kl_kind) * m.astype(r.dtype)
-        return adv_lib.reinforce_pp(r, m, gamma=cfg.gamma)
-    raise ValueError(f"unknown advantage {kind!r}; expected one of {ADVANTAGES}")
-
-
 # ---- micro-batch layout ----
 def _split(x: jax.Array, n: int) -> jax.Array:
     """[B, ...] -> [n, B/n, ...]; micro-batch k holds rows k, k + n, ..., so every data shard
@@ -154,11 +127,10 @@ class TrainStep:
         if min(cfg.ppo_epochs, cfg.num_mini_batches, cfg.num_micro_batches) < 1:
             raise ValueError("ppo_epochs, num_mini_batches and num_micro_batches must be >= 1")
         self.loss_fn, self.optimizer, self.cfg = loss_fn, optimizer, cfg
-        # One advantage path: a group estimator must see its groups whole, so with mini-batches
-        # the loss's own estimator (LOSS_ADVANTAGES) is computed over the batch before the split.
+        # One advantage path: an estimator sees the whole batch (its groups, its whitening), so
+        # with mini-batches the loss's own estimator (LOSS_ADVANTAGES) runs once before the split.
         derived = advantage_of(loss_fn)
-        self.advantage = (derived if cfg.advantage == "loss" and cfg.num_mini_batches > 1
-                          and derived in GROUP_ESTIMATORS else cfg.advantage)
+        self.advantage = derived if cfg.advantage == "loss" and cfg.num_mini_batches > 1 and derived else cfg.advantage
         self.mesh = sh.make_mesh(cfg.mesh) if mesh is None else mesh
         self.lora = cfg.lora.rank > 0
         self.has_critic = bool(model.config.value_head)
@@ -332,7 +304,8 @@ class TrainStep:
                              "ref_logp and train.use_ref is false: set train.use_ref=true (the frozen initial "
                              "policy, or the LoRA base) or pass ref_logp in the batch")
         if self.advantage != "loss" and batch.advantages is None:
-            batch = batch.replace(advantages=compute_advantages(batch, self.advantage, cfg.loss))
+            advantages, returns = estimate_advantages(batch, self.advantage, cfg.loss)
+            batch = batch.replace(advantages=advantages, returns=returns)
         return jax.lax.stop_gradient(batch)
 
     def _loss_and_grads(self, trainable, frozen, batch: TrainBatch):

@@ -39,8 +39,9 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_agent.config import SamplingConfig
-from jaxrl_agent.model import CausalLM
-from jaxrl_agent.sampling import copy_rows, make_sampler_fns
+from jaxrl_agent.model.decoder import CausalLM
+from jaxrl_agent.sampling.decode import copy_rows, make_sampler_fns
+from jaxrl_agent.sampling.engine_config import check_config, row_buckets
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class SamplingEngine:
 
     def __init__(self, model: CausalLM, config: SamplingConfig):
         """Split `model` into graphdef + params and allocate an empty cache of B x S slots."""
-        _check_config(config, model.config.vocab_size)
+        check_config(config, model.config.vocab_size)
         self.config = config
         self.vocab_size = model.config.vocab_size
         graphdef, self.state = nnx.split(model)
@@ -81,8 +82,8 @@ class SamplingEngine:
         self.cache = model.init_cache(b, s)
         self.logits = jnp.zeros((b, self.vocab_size), jnp.float32)
         self.buckets = tuple(sorted(config.prefill_buckets))
-        self.row_buckets = _row_buckets(config)
-        self.decode_row_buckets = _row_buckets(config, decode=True)
+        self.row_buckets = row_buckets(config)
+        self.decode_row_buckets = row_buckets(config, decode=True)
         self._base_seed = np.uint32(config.seed % 2**32)
         # ---- host mirror: what each row holds and what is staged for it ----
         self._tokens: list[list[int]] = [[] for _ in range(b)]  # ids in the cache (+ staged)
@@ -445,35 +446,3 @@ class SamplingEngine:
         row = np.full(self.config.max_stop_tokens, -1, np.int32)
         row[: len(ids)] = ids
         return row
-
-
-def _row_buckets(cfg: SamplingConfig, decode: bool = False) -> tuple[int, ...]:
-    """The allowed row counts of a prefill call (of a decode call with `decode`), ascending,
-    always ending with B."""
-    b = cfg.batch_size
-    given = (decode and cfg.decode_row_buckets) or cfg.prefill_row_buckets or (-(-b // 4), -(-b // 2))
-    return tuple(sorted(set(given) | {b}))
-
-
-def _check_config(cfg: SamplingConfig, vocab_size: int) -> None:
-    """Raise a ValueError for a SamplingConfig the engine cannot run."""
-    problems = []
-    if cfg.temperature < 0:
-        problems.append(f"temperature={cfg.temperature} < 0")
-    if cfg.top_k < 0:
-        problems.append(f"top_k={cfg.top_k} < 0")
-    if not 0 < cfg.top_p <= 1:
-        problems.append(f"top_p={cfg.top_p} not in (0, 1]")
-    if cfg.batch_size < 1 or cfg.cache_size < 1 or cfg.max_new_tokens < 1:
-        problems.append("batch_size, cache_size and max_new_tokens must be >= 1")
-    if not cfg.prefill_buckets or min(cfg.prefill_buckets) < 1:
-        problems.append(f"prefill_buckets={cfg.prefill_buckets} must be non-empty positive lengths")
-    for name in ("prefill_row_buckets", "decode_row_buckets"):
-        if any(not 1 <= r <= cfg.batch_size for r in getattr(cfg, name)):
-            problems.append(f"{name}={getattr(cfg, name)} must lie in [1, batch_size={cfg.batch_size}]")
-    if len(cfg.stop_token_ids) > cfg.max_stop_tokens:
-        problems.append(f"{len(cfg.stop_token_ids)} stop_token_ids exceed max_stop_tokens={cfg.max_stop_tokens}")
-    if any(not 0 <= t < vocab_size for t in cfg.stop_token_ids):
-        problems.append(f"stop_token_ids={cfg.stop_token_ids} outside [0, vocab_size={vocab_size})")
-    if problems:
-        raise ValueError("invalid SamplingConfig: " + "; ".join(problems))

@@ -32,29 +32,29 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_agent import sharding as sh
-from jaxrl_agent.checkpoint import Checkpointer, export_hf
-from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig,
-                                SamplingConfig, TrainConfig, TrajectoryConfig)
+from jaxrl_agent.agent.evaluation import summarize_episodes
+from jaxrl_agent.agent.rewards import RewardComposer
+from jaxrl_agent.agent.rollout import collect_episodes, group_signal, trainable
+from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig,
+                                TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
 from jaxrl_agent.env.verifier import load_checked_tasks, verify
-from jaxrl_agent.evaluation import summarize_episodes
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.metrics import MetricsLogger, Timer, progress_bar
-from jaxrl_agent.multihost import Processes, light, merge_stats
-from jaxrl_agent.offline import DataIterator
-from jaxrl_agent.rewards import RewardComposer
-from jaxrl_agent.rollout import collect_episodes, group_signal, trainable
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.loops.metrics import MetricsLogger, Timer, progress_bar
+from jaxrl_agent.loops.multihost import Processes, light, merge_stats
+from jaxrl_agent.loops.offline import DataIterator
+from jaxrl_agent.losses.registry import LOSSES, RL_LOSSES
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import episode_engine
 from jaxrl_agent.tokenizer import ChatFormat
-from jaxrl_agent.train_step import make_optimizer, make_train_step
+from jaxrl_agent.train import sharding as sh
+from jaxrl_agent.train.checkpoint import Checkpointer, export_hf
+from jaxrl_agent.train.step import make_optimizer, make_train_step
+from jaxrl_agent.train.weight_sync import policy_for_engine
 from jaxrl_agent.trajectory import Episode, collate
 
 
@@ -67,14 +67,6 @@ class NoSignalError(RuntimeError):
     def __init__(self, result: dict, message: str):
         super().__init__(message)
         self.result = result
-
-
-def policy_for_engine(ts, state):
-    """The current policy as an NNX model on the default device (the engine's), LoRA merged.
-
-    The arrays are uncommitted, so the same model can also seed a new TrainStep on any mesh.
-    """
-    return ts.to_model(jax.tree.map(jnp.asarray, ts.host_policy_params(state)))
 
 
 def verifier_check(tasks: list[Task], sandbox, n: int = 2) -> dict:
@@ -146,15 +138,12 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     model comes from `rewards.reward_model_path` or, already built, as `reward_model` (a
     frozen `reward_model.RewardModel`). Success rates and evaluations always read the verifier.
     """
-    if rl.algo not in LOSSES or rl.algo in ("sft", "dpo"):
-        raise ValueError(f"rl.algo must be an RL loss in {sorted(set(LOSSES) - {'sft', 'dpo'})}, got {rl.algo!r}")
+    if rl.algo not in RL_LOSSES:
+        raise ValueError(f"rl.algo must be an RL loss in {RL_LOSSES}, got {rl.algo!r}")
     if train.loss.kl_coef and not train.use_ref:  # rollout batches carry no ref_logp: fail before any rollout
         raise ValueError(f"train.loss.kl_coef={train.loss.kl_coef} needs a reference policy: set train.use_ref=true")
     chat = ChatFormat(tokenizer, tool_style=tool_style)
-    # The engine's cache is the episode's token budget (see rollout.collect_episodes).
-    cache = rollout.max_total_tokens
-    sampling = replace(sampling, stop_token_ids=tuple(tokenizer.stop_ids), seed=rl.seed, cache_size=cache,
-                       prefill_buckets=tuple(b for b in sampling.prefill_buckets if b <= cache) or (cache,))
+    sampling = episode_engine(tokenizer, rollout, sampling, seed=rl.seed)
     if max(traj.buckets) < rollout.max_total_tokens:
         traj = replace(traj, buckets=(*traj.buckets, rollout.max_total_tokens))
     if (train_tasks is None and rl.train_file) or (eval_tasks is None and rl.eval_file):
@@ -318,7 +307,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                     nxt = data.next()
                     ahead = (data.position(), pool.submit(rollout_share, nxt, it + 1, engine_version))
                 if rewards.pairs_out:  # preference data for `rm-train`, from the verifier's outcomes
-                    from jaxrl_agent.preference_pairs import pairs_from_groups, save_preference_pairs
+                    from jaxrl_agent.agent.preference_pairs import pairs_from_groups, save_preference_pairs
 
                     if pairs := pairs_from_groups(local, seed=it):  # process p > 0: its own file
                         path = rewards.pairs_out + (f".process{procs.index}" if procs.index else "")
@@ -407,7 +396,7 @@ def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
     if not rewards.reward_model_path:
         raise ValueError(f"rewards.source={rewards.source!r} needs rewards.reward_model_path (a directory written by "
                          "`python -m jaxrl_agent rm-train`)")
-    from jaxrl_agent.reward_model import RewardModel, load_reward_model
+    from jaxrl_agent.agent.reward_model import RewardModel, load_reward_model
 
     return RewardModel(load_reward_model(rewards.reward_model_path), traj, batch_size=rewards.score_batch_size)
 

@@ -10,13 +10,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from jaxrl_agent.config import OptimConfig, RLConfig, RolloutConfig, TrainConfig, TrajectoryConfig
+from rich.console import Console
+
+from jaxrl_agent.agent.evaluation import render_trajectory
+from jaxrl_agent.agent.policy import DEMO_POLICY_DIR, load_policy
+from jaxrl_agent.cli.sft import SFTConfig, SFTRunConfig, run_sft_job
+from jaxrl_agent.config import LossConfig, OptimConfig, RLConfig, RolloutConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task
 from jaxrl_agent.env.tools import ToolConfig
-from jaxrl_agent.pipelines import (DEMO_POLICY_DIR, SFTConfig, SFTRunConfig, agent_sampling, load_policy,
-                                   render_trajectory, run_sft_job)
+from jaxrl_agent.loops.rl import NoSignalError, evaluate, train_rl
+from jaxrl_agent.sampling.engine import SamplingEngine
+from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine
 from jaxrl_agent.tokenizer import ChatFormat
+from jaxrl_agent.train.weight_sync import policy_for_engine
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,6 @@ class DemoRunConfig:
 
 
 def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
-    from jaxrl_agent.config import LossConfig
-    from jaxrl_agent.rl import train_rl
-
     return train_rl(
         model, tok,
         rl=RLConfig(iterations=d.iterations, tasks_per_iter=d.tasks_per_iter, eval_tasks=d.eval_tasks,
@@ -66,18 +70,12 @@ def _demo_rl(model, tok, d: DemoConfig, show_progress: bool) -> dict:
                     before_eval=d.before_eval),
         rollout=RolloutConfig(group_size=d.group_size),
         sampling=agent_sampling(),
-        # group advantages need the whole batch: computed once, before the mini-batch split
-        train=TrainConfig(num_mini_batches=d.mini_batches, advantage="grpo" if d.mini_batches > 1 else "loss",
-                          loss=LossConfig(kl_coef=d.kl_coef), use_ref=d.kl_coef > 0),
+        train=TrainConfig(num_mini_batches=d.mini_batches, loss=LossConfig(kl_coef=d.kl_coef), use_ref=d.kl_coef > 0),
         optim=OptimConfig(learning_rate=d.learning_rate),
         traj=TrajectoryConfig(buckets=(512, 768, 1024)), show_progress=show_progress)
 
 
 def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
-    from rich.console import Console
-
-    from jaxrl_agent.rl import NoSignalError
-
     d = cfg.demo
     console = Console()
     policy = d.policy
@@ -104,11 +102,8 @@ def run_demo_job(cfg: DemoRunConfig, *, show_progress: bool = True) -> dict:
                   f"  pass@{k} {b.get(f'pass{k}', 0):.3f} -> {a.get(f'pass{k}', 0):.3f}; "
                   f"failure layers before {b['behaviour']['failure_layers']}, after {a['behaviour']['failure_layers']}")
     # ---- one example trajectory of the trained policy ----
-    from jaxrl_agent.rl import evaluate, policy_for_engine
-    from jaxrl_agent.sampling_engine import SamplingEngine
-
     engine = SamplingEngine(policy_for_engine(res["train_step"], res["state"]),
-                            agent_sampling(batch_size=1, stop_token_ids=tuple(tok.stop_ids)))
+                            episode_engine(tok, RolloutConfig(), batch_size=1))
     with Sandbox(num_workers=1) as sandbox:
         _, eps = evaluate([binary_search_task()], engine, ChatFormat(tok, tool_style="short"), sandbox,
                           RolloutConfig(), ToolConfig(), 1, seed=d.seed, show_progress=False)

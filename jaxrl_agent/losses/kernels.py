@@ -1,4 +1,4 @@
-"""DEVICE: loss kernels (pure, jittable) and the algorithm registry `LOSSES`.
+"""DEVICE: the per-token loss kernels (pure, jittable): aggregation, KL, policy, value, SFT.
 
 Kernels take `[B, T]` per-token arrays and a `mask` (1 on policy-sampled tokens); positions
 with mask == 0 contribute nothing to the value *and* get exactly zero gradient. Every kernel
@@ -6,7 +6,7 @@ returns an unreduced `[B, T]` array or reduces through `aggregate`, whose numera
 denominator form (`aggregate_parts`) lets micro-batches and data-parallel shards add up to
 the full-batch loss exactly.
 
-The registered algorithms (`LOSSES`, in loss_registry.py) all have the `LossFn` signature
+The registered algorithms (`LOSSES`, in registry.py) all have the `LossFn` signature
 `(PolicyOutputs, TrainBatch, LossConfig) -> (loss, metrics)`: the train step computes
 `PolicyOutputs` once; a loss never calls the model.
 """
@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-# Preference losses live in their own module (they reduce per pair, not per token); DESIGN §4
-# names them here, so they are re-exported.
-from jaxrl_agent.preference_losses import bradley_terry_loss, dpo_loss, last_token_index
 
 __all__ = [
     "AGG_MODES",
@@ -32,9 +28,6 @@ __all__ = [
     "entropy_bonus",
     "sft_loss",
     "sequence_logp",
-    "dpo_loss",
-    "last_token_index",
-    "bradley_terry_loss",
 ]
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -323,14 +316,3 @@ def sequence_logp(logp: jax.Array, mask: jax.Array) -> jax.Array:
     """Sum of per-token log-probs over mask == 1: f32 [B, T] -> [B]."""
     _check_same(logp=logp, mask=mask)
     return (logp * mask.astype(logp.dtype)).sum(axis=1)
-
-
-# ---- the registry (DESIGN §4 names it here; the LossFns live in loss_registry.py) ----
-def __getattr__(name: str):
-    # Lazy (PEP 562): loss_registry builds on the kernels above, so importing it eagerly
-    # here would be circular.
-    if name in ("LOSSES", "LossFn", "ALGORITHM_DEFAULTS", "REWARD_MODEL_LOSSES"):
-        from jaxrl_agent import loss_registry
-
-        return getattr(loss_registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

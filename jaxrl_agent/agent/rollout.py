@@ -35,13 +35,13 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxrl_agent.agent.evaluation import bug_outcomes, bugs_fixed, episode_behaviour
+from jaxrl_agent.agent.rewards import turn_outcomes
 from jaxrl_agent.config import RolloutConfig
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import StepResult, ToolConfig, Tools, ToolSession, create_workspaces
 from jaxrl_agent.env.verifier import verify
-from jaxrl_agent.evaluation import bug_outcomes, bugs_fixed, episode_behaviour
-from jaxrl_agent.rewards import turn_outcomes
-from jaxrl_agent.sampling_engine import SamplingEngine
+from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
 

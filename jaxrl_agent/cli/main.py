@@ -29,41 +29,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from dataclasses import dataclass, field
 
-from jaxrl_agent.compile_cache import ENV_VAR
-from jaxrl_agent.compile_cache import enable as enable_compile_cache
-from jaxrl_agent.config import LossConfig
-
-
-@dataclass(frozen=True)
-class BanditConfig:
-    """The tool-choice bandit (see module docstring)."""
-
-    algo: str = "grpo"
-    """Registered loss name (jaxrl_agent.losses.LOSSES)."""
-    contexts: int = 8
-    """Number of distinct task types (each has its own correct tool sequence)."""
-    tools: int = 4
-    """Number of tools to choose from at each decision."""
-    steps: int = 2
-    """Decisions per episode; reward 1 only if all are right."""
-    group_size: int = 16
-    """Episodes sampled per task (the GRPO group)."""
-    tasks_per_iter: int = 4
-    """Tasks (groups) per iteration."""
-    iterations: int = 60
-    """Policy updates."""
-    lr: float = 0.1
-    """Adam learning rate."""
-    seed: int = 0
-    """PRNG seed (tasks, sampling)."""
-
-
-@dataclass(frozen=True)
-class BanditRunConfig:
-    bandit: BanditConfig = field(default_factory=BanditConfig)
-    loss: LossConfig = field(default_factory=lambda: LossConfig(kl_coef=0.0))
+from jaxrl_agent.cli.compile_cache import ENV_VAR
+from jaxrl_agent.cli.compile_cache import enable as enable_compile_cache
 
 
 # ---- dotted overrides ----
@@ -121,49 +89,53 @@ def apply_overrides(cfg, overrides: list[str]):
     return cfg
 
 
-# ---- commands ----
-def cmd_bandit(cfg: BanditRunConfig) -> dict:
-    from jaxrl_agent.bandit import train_bandit
+# ---- commands: each module under cli/ holds its job's configs and its run function ----
+def _demo():
+    from jaxrl_agent.cli import demo
 
-    return train_bandit(cfg.bandit, cfg.loss)
-
-
-def _pipeline(name: str):
-    def run(cfg):
-        from jaxrl_agent import pipelines
-
-        return getattr(pipelines, f"run_{name}_job")(cfg)
-
-    return run
+    return demo.DemoRunConfig, demo.run_demo_job
 
 
-def _config(name: str):
-    from jaxrl_agent import pipelines
+def _sft():
+    from jaxrl_agent.cli import sft
 
-    return getattr(pipelines, name)
-
-
-def _demo(name: str):
-    from jaxrl_agent import demo
-
-    return getattr(demo, name)
+    return sft.SFTRunConfig, sft.run_sft_job
 
 
-def _rm(name: str):
-    from jaxrl_agent import reward_model
+def _train():
+    from jaxrl_agent.cli import train
 
-    return getattr(reward_model, name)
+    return train.TrainRunConfig, train.run_train_job
 
 
-COMMANDS = {
-    "bandit": (lambda: BanditRunConfig, cmd_bandit),
-    "demo": (lambda: _demo("DemoRunConfig"), lambda cfg: _demo("run_demo_job")(cfg)),
-    "sft": (lambda: _config("SFTRunConfig"), _pipeline("sft")),
-    "train": (lambda: _config("TrainRunConfig"), _pipeline("train")),
-    "eval": (lambda: _config("EvalRunConfig"), _pipeline("eval")),
-    "export": (lambda: _config("ExportRunConfig"), _pipeline("export")),
-    "rm-train": (lambda: _rm("RMTrainRunConfig"), lambda cfg: _rm("run_rm_train_job")(cfg)),
-}
+def _eval():
+    from jaxrl_agent.cli import eval as eval_cmd
+
+    return eval_cmd.EvalRunConfig, eval_cmd.run_eval_job
+
+
+def _export():
+    from jaxrl_agent.cli import export
+
+    return export.ExportRunConfig, export.run_export_job
+
+
+def _rm_train():
+    from jaxrl_agent.cli import rm_train
+
+    return rm_train.RMTrainRunConfig, rm_train.run_rm_train_job
+
+
+def _bandit():
+    from jaxrl_agent.cli import bandit
+
+    return bandit.BanditRunConfig, bandit.run_bandit_job
+
+
+# name -> () -> (its run config class, its job); imported on use, so `--help` of one command
+# imports only that command's module.
+COMMANDS = {"demo": _demo, "sft": _sft, "train": _train, "eval": _eval, "export": _export, "rm-train": _rm_train,
+            "bandit": _bandit}
 
 
 def command_summary(name: str) -> str:
@@ -182,24 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     named = [a for a in argv if a in COMMANDS]
     if named and any(a in ("-h", "--help") for a in argv):  # the command's own options, not the top-level usage
-        from jaxrl_agent.config_docs import command_help
+        from jaxrl_agent.cli.config_docs import command_help
 
-        print(command_help(named[0], command_summary(named[0]), COMMANDS[named[0]][0]()()), end="")
+        print(command_help(named[0], command_summary(named[0]), COMMANDS[named[0]]()[0]()), end="")
         return 0
     parser = argparse.ArgumentParser(prog="python -m jaxrl_agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
     parser.add_argument("--compile_cache", default=None, metavar="DIR|off",
                         help=f"JAX's persistent compilation cache (default: ${{{ENV_VAR}}} or a user cache directory)")
     args, overrides = parser.parse_known_args(argv)
-    cfg_cls, fn = COMMANDS[args.command]
+    cfg_cls, fn = COMMANDS[args.command]()
     try:
-        cfg = apply_overrides(cfg_cls()(), overrides)
+        cfg = apply_overrides(cfg_cls(), overrides)
     except ValueError as e:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
-    from jaxrl_agent.preference_pairs import PreferenceDataError
-    from jaxrl_agent.rl import NoSignalError
-    from jaxrl_agent.sharding import initialize_distributed
+    from jaxrl_agent.agent.preference_pairs import PreferenceDataError
+    from jaxrl_agent.loops.rl import NoSignalError
+    from jaxrl_agent.train.sharding import initialize_distributed
 
     enable_compile_cache(args.compile_cache)  # the second run of a job loads its compiles from disk
     initialize_distributed()  # multi-host only when the launcher's environment asks for it

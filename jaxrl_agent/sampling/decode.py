@@ -36,10 +36,10 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from jaxrl_agent.config import SamplingConfig
-from jaxrl_agent import kv_cache
-from jaxrl_agent.kv_cache import KVCache
-from jaxrl_agent.logprobs import logp_and_entropy_from_logits
-from jaxrl_agent.model import CausalLM
+from jaxrl_agent.model import kv_cache
+from jaxrl_agent.model.decoder import CausalLM
+from jaxrl_agent.model.kv_cache import KVCache
+from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits
 
 _FILTERED = -1e30  # logit of a token removed by top-k / top-p (finite: no inf - inf NaNs)
 PAD_ID = -1  # token id written to output slots past a row's last sampled token

@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_agent import kv_cache
-from jaxrl_agent.kv_cache import KVCache
-from jaxrl_agent.layers import apply_rope, attention, dense, lead_axes, rms_norm, rope_inv_freq, rope_tables
+from jaxrl_agent.model import kv_cache
+from jaxrl_agent.model.kv_cache import KVCache
+from jaxrl_agent.model.layers import apply_rope, attention, dense, lead_axes, rms_norm, rope_inv_freq, rope_tables
 # The log-prob kernels live in logprobs.py (pure functions of logits / hidden states); re-exported.
-from jaxrl_agent.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
+from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
 from jaxrl_agent.structs import PolicyOutputs
 
 __all__ = ["ModelConfig", "CausalLM", "policy_outputs", "logp_and_entropy_from_logits", "token_logprobs_and_entropy"]

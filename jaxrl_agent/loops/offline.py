@@ -16,11 +16,11 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from jaxrl_agent import sharding as sh
-from jaxrl_agent.checkpoint import Checkpointer
 from jaxrl_agent.config import CheckpointConfig, OptimConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.loss_registry import LOSSES
-from jaxrl_agent.train_step import TrainState, TrainStep, make_optimizer, make_train_step
+from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.train import sharding as sh
+from jaxrl_agent.train.checkpoint import Checkpointer
+from jaxrl_agent.train.step import TrainState, TrainStep, make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate, preference_pairs
 
 

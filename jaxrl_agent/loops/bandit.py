@@ -10,6 +10,7 @@ registered `LossFn` can be checked by whether success rises.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -17,10 +18,32 @@ import numpy as np
 import optax
 
 from jaxrl_agent.config import LossConfig
-from jaxrl_agent.losses import LOSSES
+from jaxrl_agent.losses.registry import LOSSES, RL_LOSSES
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 
-OUTCOME_ALGOS = ("ppo", "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp")
+
+@dataclass(frozen=True)
+class BanditConfig:
+    """The tool-choice bandit (`train_bandit`)."""
+
+    algo: str = "grpo"
+    """Registered loss name (jaxrl_agent.losses.LOSSES)."""
+    contexts: int = 8
+    """Number of distinct task types (each has its own correct tool sequence)."""
+    tools: int = 4
+    """Number of tools to choose from at each decision."""
+    steps: int = 2
+    """Decisions per episode; reward 1 only if all are right."""
+    group_size: int = 16
+    """Episodes sampled per task (the GRPO group)."""
+    tasks_per_iter: int = 4
+    """Tasks (groups) per iteration."""
+    iterations: int = 60
+    """Policy updates."""
+    lr: float = 0.1
+    """Adam learning rate."""
+    seed: int = 0
+    """PRNG seed (tasks, sampling)."""
 
 
 def _layout(steps: int, tools: int):
@@ -47,11 +70,11 @@ def policy_outputs(theta: jax.Array, task: jax.Array, tokens: jax.Array, act_pos
     return PolicyOutputs(logp=logp, entropy=entropy)
 
 
-def train_bandit(cfg, loss_cfg: LossConfig, *, verbose: bool = True) -> dict:
+def train_bandit(cfg: BanditConfig, loss_cfg: LossConfig, *, verbose: bool = True) -> dict:
     """Train the table policy with `LOSSES[cfg.algo]`; returns success before/after and the
     per-iteration success curve."""
-    if cfg.algo not in OUTCOME_ALGOS:
-        raise ValueError(f"bandit.algo must be an RL loss in {OUTCOME_ALGOS}, got {cfg.algo!r}")
+    if cfg.algo not in RL_LOSSES:
+        raise ValueError(f"bandit.algo must be an RL loss in {RL_LOSSES}, got {cfg.algo!r}")
     if cfg.tools < 2 or cfg.steps < 1 or cfg.group_size < 2 or cfg.contexts < 1:
         raise ValueError("bandit needs tools >= 2, steps >= 1, group_size >= 2, contexts >= 1")
     loss_fn = LOSSES[cfg.algo]

@@ -37,7 +37,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-
 # Logical axis names of one layer's keys and values, and of lengths (the stacked form adds a
 # leading "layers"); for a sharded sampler's rules table.
 K_LAYER_AXES = ("batch", "kv_heads", "head_dim", "cache_seq")

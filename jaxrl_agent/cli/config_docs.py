@@ -18,7 +18,7 @@ import os
 import sys
 import textwrap
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jaxrl_agent/
 
 
 def field_docs(cls) -> tuple[str, dict[str, tuple[str, str]]]:
