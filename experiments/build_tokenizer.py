@@ -34,12 +34,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
+from jaxrl_agent.chat_template import CHAT_TEMPLATE, END_OF_TEXT
 from jaxrl_agent.config import SYSTEM_PROMPT  # noqa: E402
 from jaxrl_agent.env.expert import STYLES, run_expert  # noqa: E402
 from jaxrl_agent.env.sandbox import Sandbox  # noqa: E402
 from jaxrl_agent.env.tasks import generate_tasks, workspace_files  # noqa: E402
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces  # noqa: E402
-from jaxrl_agent.tokenizer import CHAT_TEMPLATE, DEFAULT_TOKENIZER_DIR, END_OF_TEXT, ChatFormat  # noqa: E402
+from jaxrl_agent.tokenizer import DEFAULT_TOKENIZER_DIR, ChatFormat  # noqa: E402
 
 SPLIT = (  # Qwen2's pattern with the three changes of the module docstring
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}"|]?\p{L}+|\p{N}| ?"[^\s\p{L}\p{N}"]*| ?[^\s\p{L}\p{N}"]+|\s*[\r\n]+|\s+(?!\S)|\s+"""

@@ -48,9 +48,10 @@ from jaxrl_agent.env.expert import Transcript
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
+from jaxrl_agent.loops.evaluate import evaluate
 from jaxrl_agent.loops.offline import run_sft
 from jaxrl_agent.loops.reward_model import train_reward_model
-from jaxrl_agent.loops.rl import evaluate, train_rl
+from jaxrl_agent.loops.rl import train_rl
 from jaxrl_agent.model.decoder import CausalLM, ModelConfig
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer

@@ -54,11 +54,12 @@ def sft_policy(tok):
     from flax import nnx
 
     from jaxrl_agent.agent.rollout import episode_prompt
+    from jaxrl_agent.chat_template import IM_END
     from jaxrl_agent.config import SYSTEM_PROMPT, OptimConfig, TrainConfig
     from jaxrl_agent.env.tools import format_tool_call
     from jaxrl_agent.loops.offline import run_sft
     from jaxrl_agent.model.decoder import CausalLM, ModelConfig
-    from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder
+    from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
     from jaxrl_agent.train.weight_sync import policy_for_engine
     from jaxrl_agent.trajectory import Episode
 
@@ -105,6 +106,7 @@ def main(policy_dir: str, run_dir: str, out_path: str) -> None:
     sh.initialize_distributed()  # before anything touches the backend
     import jax
 
+    import jaxrl_agent.loops.evaluate as eval_mod
     import jaxrl_agent.loops.rl as rl_mod
     from jaxrl_agent.agent.policy import load_policy
 
@@ -115,7 +117,7 @@ def main(policy_dir: str, run_dir: str, out_path: str) -> None:
         eps, stats = collect(tasks, *a, **k)
         local_episodes.append(len(eps))
         return eps, stats
-    rl_mod.collect_episodes = counting
+    rl_mod.collect_episodes = eval_mod.collect_episodes = counting  # the repeat check; batches and evaluations
     model, tok = load_policy(policy_dir)
     iterations, res = run_two_iterations(model, tok, run_dir)
     out = {"process": jax.process_index(), "processes": jax.process_count(), "local_episodes": local_episodes,

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHILD = """
 import json, sys
 import jax, jax.numpy as jnp
-from jaxrl_agent import compile_cache
+from jaxrl_agent.cli import compile_cache
 events = []
 jax.monitoring.register_event_listener(lambda name, **kw: events.append(name))
 path = compile_cache.enable(sys.argv[1])

@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxrl_agent"
 LAYERS = [
     ("env",),
     ("config", "structs"),
-    ("tokenizer", "trajectory", "advantages"),
+    ("chat_template", "tokenizer", "trajectory", "advantages"),
     ("losses",),
     ("model", "hf"),
     ("sampling",),

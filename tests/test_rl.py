@@ -12,10 +12,11 @@ import pytest
 from flax import nnx
 
 import rl_worker
+from jaxrl_agent.chat_template import IM_END
 from jaxrl_agent.config import OptimConfig, RLConfig, TrainConfig
 from jaxrl_agent.loops.rl import NoSignalError, train_rl
 from jaxrl_agent.model.decoder import CausalLM, ModelConfig
-from jaxrl_agent.tokenizer import IM_END, load_tokenizer
+from jaxrl_agent.tokenizer import load_tokenizer
 from jaxrl_agent.trajectory import Episode
 from rl_worker import configs, sft_policy
 
@@ -140,6 +141,7 @@ def test_the_probe_is_iteration_one_and_the_before_eval_can_run_last(sft_model, 
     """Iteration 1 trains on the probe's episodes (the starting policy is sampled once for
     both), and rl.before_eval="end" evaluates the kept starting policy after training: the
     same episodes, so the same summary, as "start"."""
+    import jaxrl_agent.loops.evaluate as eval_mod
     import jaxrl_agent.loops.rl as rl_mod
 
     real, calls = rl_mod.collect_share, []
@@ -148,7 +150,8 @@ def test_the_probe_is_iteration_one_and_the_before_eval_can_run_last(sft_model, 
         eps, stats = real(*a, **k)
         calls.append(len(eps))
         return eps, stats
-    monkeypatch.setattr(rl_mod, "collect_share", counted)
+    monkeypatch.setattr(rl_mod, "collect_share", counted)  # training batches
+    monkeypatch.setattr(eval_mod, "collect_share", counted)  # evaluations
     kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),
               tools=TOOLS, traj=TRAJ, train_tasks=TASKS, eval_tasks=TASKS[:2], show_progress=False)
     runs = {}
@@ -177,6 +180,7 @@ def test_the_top_bucket_compiles_when_the_first_rollout_needs_it(sft_model, tok,
     """rl.precompile: the smaller length buckets are compiled at once; the top one (the slowest)
     is queued during iteration 1's rollout as soon as one of its episodes needs it, else once
     iteration 1 is done (it then overlaps later rollouts, not the first one)."""
+    import jaxrl_agent.loops.evaluate as eval_mod
     import jaxrl_agent.loops.rl as rl_mod
     from jaxrl_agent.config import TrajectoryConfig
     from jaxrl_agent.train.step import TrainStep
@@ -191,7 +195,8 @@ def test_the_top_bucket_compiles_when_the_first_rollout_needs_it(sft_model, tok,
             return real(*a, **k)
         finally:
             inside.pop()
-    monkeypatch.setattr(rl_mod, "collect_share", counted)
+    monkeypatch.setattr(rl_mod, "collect_share", counted)  # training batches
+    monkeypatch.setattr(eval_mod, "collect_share", counted)  # evaluations
     monkeypatch.setattr(TrainStep, "precompile", lambda self, batches: asked.append(
         ([b.tokens.shape[1] for b in batches], len(rollouts), bool(inside))))
     kw = dict(rollout=ROLLOUT, sampling=SAMPLING, train=TrainConfig(), optim=OptimConfig(learning_rate=1e-3),

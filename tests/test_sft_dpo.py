@@ -5,8 +5,9 @@ import pytest
 
 import trainer_worker as tw
 from jaxrl_agent.config import MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
+from jaxrl_agent.env.tool_calls import format_tool_call
 from jaxrl_agent.loops.offline import DataIterator, run_dpo, run_sft
-from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder, format_tool_call, load_tokenizer
+from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder, load_tokenizer
 from jaxrl_agent.train.step import TrainStep
 from jaxrl_agent.trajectory import Episode, collate
 

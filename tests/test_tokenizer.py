@@ -10,8 +10,9 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from jaxrl_agent.tokenizer import (DEFAULT_TOKENIZER_DIR, IM_END, ChatFormat, EpisodeBuilder, PrefixError,
-                                   format_tool_call, load_tokenizer, render_chat, short_tool_prompt)
+from jaxrl_agent.chat_template import IM_END, render_chat, short_tool_prompt
+from jaxrl_agent.env.tool_calls import format_tool_call
+from jaxrl_agent.tokenizer import DEFAULT_TOKENIZER_DIR, ChatFormat, EpisodeBuilder, PrefixError, load_tokenizer
 
 TOOLS = [
     {"type": "function", "function": {"name": "list_files", "description": "List files.",
@@ -430,8 +431,8 @@ def test_exported_tokenizer_parses_its_tool_calls_back(tmp_path):
     from transformers import AutoTokenizer
     from trl.chat_template_utils import add_response_schema, is_chat_template_prefix_preserving
 
+    from jaxrl_agent.chat_template import RESPONSE_TEMPLATE
     from jaxrl_agent.env.tool_calls import tool_schemas
-    from jaxrl_agent.tokenizer import RESPONSE_TEMPLATE
 
     load_tokenizer().hf.save_pretrained(str(tmp_path))
     with open(tmp_path / "tokenizer_config.json") as f:

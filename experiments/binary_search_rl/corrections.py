@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 
 from experiments.binary_search_rl.edits import policy_turns
 from jaxrl_agent.agent.rollout import episode_prompt
+from jaxrl_agent.chat_template import IM_END
 from jaxrl_agent.config import SYSTEM_PROMPT
 from jaxrl_agent.env.expert import plan_edits
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import TOOL_SETS, ToolConfig, Tools, ToolSession, create_workspaces, format_tool_call
-from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder
+from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
 
 
@@ -208,7 +209,7 @@ def correction_round(cfg, policy: str, demos: list[Episode], *, tasks: int, step
     from experiments.binary_search_rl import stages
     from experiments.binary_search_rl.drills import module_renamed_tasks
     from jaxrl_agent.env.tasks import generate_tasks
-    from jaxrl_agent.loops.rl import evaluate
+    from jaxrl_agent.loops.evaluate import evaluate
 
     d = cfg.demos
     seed = cfg.seed + SEED_OFFSET

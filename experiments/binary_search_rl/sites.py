@@ -25,7 +25,7 @@ from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.stages import rollout_config, sampler, tools_config, validation_tasks
 from jaxrl_agent.agent.evaluation import FAILED_SITE_KINDS, paired_difference
 from jaxrl_agent.env.tasks import TEMPLATES
-from jaxrl_agent.loops.rl import evaluate
+from jaxrl_agent.loops.evaluate import evaluate
 
 
 def site_line(site: str) -> str:

@@ -30,8 +30,9 @@ from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
+from jaxrl_agent.loops.evaluate import evaluate
 from jaxrl_agent.loops.offline import run_sft
-from jaxrl_agent.loops.rl import NoSignalError, evaluate, train_rl
+from jaxrl_agent.loops.rl import NoSignalError, train_rl
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine

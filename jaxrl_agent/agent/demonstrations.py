@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from jaxrl_agent.agent.rollout import episode_prompt
+from jaxrl_agent.chat_template import IM_END
 from jaxrl_agent.config import SYSTEM_PROMPT
 from jaxrl_agent.env.expert import Transcript, run_expert
 from jaxrl_agent.env.tasks import Task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
-from jaxrl_agent.tokenizer import IM_END, ChatFormat, EpisodeBuilder
+from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.trajectory import Episode
 
 

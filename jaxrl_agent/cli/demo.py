@@ -19,7 +19,8 @@ from jaxrl_agent.config import LossConfig, OptimConfig, RLConfig, RolloutConfig,
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task
 from jaxrl_agent.env.tools import ToolConfig
-from jaxrl_agent.loops.rl import NoSignalError, evaluate, train_rl
+from jaxrl_agent.loops.evaluate import evaluate
+from jaxrl_agent.loops.rl import NoSignalError, train_rl
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine
 from jaxrl_agent.tokenizer import ChatFormat

@@ -2,7 +2,7 @@
 task split or a task file -> JSON.
 
     PolicyConfig --load_policy--> engine (sampling.engine_config.episode_engine)
-      --loops.rl.evaluate (on every process's share)--> <out> summary (+ <out>.episodes.jsonl,
+      --loops.evaluate.evaluate (on every process's share)--> <out> summary (+ <out>.episodes.jsonl,
       one line per episode as it ends; a failure leaves a summary marked partial)
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import ToolConfig
 from jaxrl_agent.env.verifier import load_checked_tasks
+from jaxrl_agent.loops.evaluate import evaluate
 from jaxrl_agent.loops.multihost import Processes
-from jaxrl_agent.loops.rl import evaluate
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine
 from jaxrl_agent.tokenizer import ChatFormat

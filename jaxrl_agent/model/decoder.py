@@ -176,12 +176,13 @@ class CausalLM(nnx.Module):
         """Apply `body(carry, p, layer) -> carry` over the layers; p holds layer `layer`'s weights.
 
         Up to `unroll_layers` layers run as a Python loop over slices of the stacked arrays,
-        `layer` a Python int: on CPU ~25% faster than `lax.scan` (no loop-carried buffers, XLA
-        fuses across layer boundaries, static cache slices). Deeper models scan (`layer`
+        `layer` a Python int: on CPU faster than `lax.scan` (no loop-carried buffers, XLA fuses
+        across layer boundaries, static cache slices; benchmarks/bench_train_step.py). Deeper models scan (`layer`
         traced) so compile time stays flat. `hoist` (cached path): each layer's weight slices
         pass an optimization barrier, which XLA's while-loop invariant code motion hoists out
         of a sampler's decode loop together with the slice; a lone slice is "not worth
-        hoisting", so every decode step would copy all weights (~20% of a step, measured).
+        hoisting", so every decode step would copy all weights (benchmarks/profile_decode.py
+        shows a decode step's copies).
         """
         stacked = self._layer_params()
         if self.config.remat:

@@ -103,8 +103,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
         raise ValueError(f"causal attention needs S == T, got q {q.shape}, k {k.shape}")
     q = (q * (1.0 / math.sqrt(dh))).reshape(b, t, kv, g, dh).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, Dh]
     # Causal blocks: with C queries per block, block i needs keys [0, (i + 1) * C) only, which
-    # skips ~half of the score work and keeps each block's scores small (measured fwd + bwd
-    # of one layer at B=16, T=256: 0.115 s unblocked -> 0.066 s with 4 blocks).
+    # skips ~half of the score work and keeps each block's scores small (the train step's time
+    # is measured in benchmarks/bench_train_step.py).
     c = max(64, -(-t // 8)) if causal else t
     outs = []
     # split, not slices: its transpose is one concatenate, where slices would each pad to the
@@ -129,7 +129,7 @@ def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     Args: x `[..., *in]`, w `[*in, *out]`. Returns `[..., *out]` in x's dtype.
     Why 2-D: on XLA:CPU the gradient of a batched einsum such as `btd,df->btf` materialises
     transposes of the `[B, T, F]` activations; `[B*T, in] @ [in, out]` differentiates into
-    two plain GEMMs (the model's backward went from 1.46 s to 0.83 s).
+    two plain GEMMs (benchmarks/bench_train_step.py times the step built on it).
     """
     ins, outs = w.shape[:n_in], w.shape[n_in:]
     lead = x.shape[: x.ndim - n_in]
