@@ -19,7 +19,7 @@ tokens / median seconds per step. Prints a table and writes benchmarks/results/t
 
 Where the time goes (tiny size, measured separately): projections are 2-D GEMMs (a 3-D
 einsum's gradient on XLA:CPU transposed the activations), layers run unrolled, and attention
-works in a [B, K, G*T, Dh] layout with causal query blocks (model.py / layers.py); the policy
+works in a [B, K, G*T, Dh] layout with causal query blocks (model/decoder.py, model/layers.py); the policy
 gradient went 2.75 s -> 1.13 s on a loaded machine. Most of what is left is GEMM time
 (~60%), then the masked softmax and SwiGLU elementwise passes.
 

@@ -8,7 +8,7 @@ Model: Qwen2.5-0.5B's shape (vocab 151936, hidden 896, 24 layers, 14 query / 2 K
 4864, tied embeddings, q/k/v biases), random weights, bf16 parameters.
 
 1. Train step: one GRPO update (token-mean, clip 0.2, AdamW) on `--rows` x `--length` random
-   tokens, half of each row policy tokens, the sharded jitted step of `train_step.py` on every
+   tokens, half of each row policy tokens, the sharded jitted step of `train/step.py` on every
    local device (dp). Seconds per step are the median of `--steps` after the compile.
    FLOPs per step follow PaLM's MFU convention: 6 N T for the matmul parameters N (every
    non-embedding matrix plus the unembedding, which the tied table serves) and 12 L H Dh S T

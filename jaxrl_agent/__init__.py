@@ -1,6 +1,7 @@
 """jaxrl_agent: JAX-native agent reinforcement learning for language models.
 
-Read order for a newcomer: losses.py -> advantages.py -> train_step.py -> rollout.py -> env/.
+Read order for a newcomer: losses/ -> advantages.py -> train/step.py -> agent/rollout.py -> env/;
+the layers and the data flow are in ARCHITECTURE.md.
 Importing the package has no side effects (no env vars, no JAX backend initialisation).
 """
 

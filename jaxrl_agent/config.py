@@ -62,7 +62,7 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """The sampling engine (`sampling.py`, `sampling_engine.py`). Hashable: the jitted decode
+    """The sampling engine (`sampling/decode.py`, `sampling/engine.py`). Hashable: the jitted decode
     loop takes it as a static argument, so changing a field compiles a new loop."""
 
     temperature: float = 1.0
@@ -105,7 +105,7 @@ class SamplingConfig:
     in all; 0 attends to all S slots in one loop."""
 
 
-# ---- trainer configs (trajectory.py, sharding.py, train_step.py, lora.py, checkpoint.py) ----
+# ---- trainer configs (trajectory.py, train/: sharding.py, step.py, lora.py, checkpoint.py) ----
 @dataclass(frozen=True)
 class TrajectoryConfig:
     """How `trajectory.collate` turns episodes into a padded `TrainBatch`."""
@@ -227,7 +227,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """orbax checkpointing (checkpoint.py)."""
+    """orbax checkpointing (train/checkpoint.py)."""
 
     directory: str = "checkpoints"
     """Root directory; one sub-directory per saved step."""
@@ -237,7 +237,7 @@ class CheckpointConfig:
     """Save every this many training steps (the loops also save at the end)."""
 
 
-# ---- the agent loop (rollout.py, rl.py) ----
+# ---- the agent loop (agent/rollout.py, loops/rl.py) ----
 SYSTEM_PROMPT = ("You fix bugs in a small Python repository. Call one tool per message. "
                  "Read the code, fix it, run the tests, then submit.")
 
@@ -274,7 +274,7 @@ class RolloutConfig:
 
 @dataclass(frozen=True)
 class RLConfig:
-    """The RL loop (rl.py): what to train on, how often to evaluate, log and checkpoint."""
+    """The RL loop (loops/rl.py): what to train on, how often to evaluate, log and checkpoint."""
 
     algo: str = "grpo"
     """Registered loss (jaxrl_agent.losses.LOSSES): grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce_pp, ppo."""

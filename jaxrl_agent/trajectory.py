@@ -121,11 +121,12 @@ class Episode:
 
 # ---- JSONL: the one episode file format (demonstrations, logged episodes; pairs hold two) ----
 def save_episodes(path: str, episodes: Sequence[Episode], append: bool = False) -> None:
-    """Write `episodes` as JSONL, one `Episode.to_dict()` per line; `load_episodes` reads it."""
+    """Write `episodes` as JSONL, one `Episode.to_dict()` per line; `load_episodes` reads it.
+    An `info` value JSON cannot hold is written as its `str` (info is a record, not an input)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a" if append else "w") as f:
         for e in episodes:
-            f.write(json.dumps(e.to_dict()) + "\n")
+            f.write(json.dumps(e.to_dict(), default=str) + "\n")
 
 
 def load_episodes(path: str) -> list[Episode]:

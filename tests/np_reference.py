@@ -1,4 +1,4 @@
-"""Plain NumPy loop references for the kernels of advantages.py and losses.py.
+"""Plain NumPy loop references for the kernels of advantages.py and losses/.
 
 Written the slow, obvious way (Python loops over rows, groups and time) so they are easy to
 check by eye; the JAX kernels are tested against these.

@@ -1,4 +1,4 @@
-"""Tests for checkpoint.py (with the SFT loop as the training run): a run killed after step k
+"""Tests for train/checkpoint.py (with the SFT loop as the training run): a run killed after step k
 and resumed from its checkpoint ends with the same parameters as an uninterrupted run;
 keep-last-N; metadata (data position, config); incomplete saves are ignored; HF export."""
 import os

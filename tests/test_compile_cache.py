@@ -1,4 +1,4 @@
-"""The persistent compilation cache (compile_cache.py): where it goes, that `off` turns it off,
+"""The persistent compilation cache (cli/compile_cache.py): where it goes, that `off` turns it off,
 and that a second process loads what the first compiled instead of compiling it again."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""evaluation.py: interval and pass@k statistics, and the failure-layer classification on
+"""agent/evaluation.py: interval and pass@k statistics, and the failure-layer classification on
 real tool sessions."""
 import itertools
 import math

@@ -1,14 +1,14 @@
-"""losses.py kernels against NumPy references, hand cases and the stated invariants."""
+"""losses/ kernels against NumPy references, hand cases and the stated invariants."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_advantages import random_mask
 
 import np_reference as ref
 from jaxrl_agent import losses as L
-from test_advantages import random_mask
 
 MODES = L.AGG_MODES
 KINDS = ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"]

@@ -1,4 +1,4 @@
-"""Tests for model.py / kv_cache.py: forward, padding, KV cache, chunked log-probs, metadata."""
+"""Tests for model/ (decoder.py, kv_cache.py, logprobs.py): forward, padding, KV cache, chunked log-probs, metadata."""
 import dataclasses
 
 import jax
@@ -10,8 +10,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_agent.model import kv_cache
-from jaxrl_agent.model.decoder import (CausalLM, ModelConfig, logp_and_entropy_from_logits, policy_outputs,
-                                       token_logprobs_and_entropy)
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
 
 CFG = ModelConfig(
     vocab_size=131, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,

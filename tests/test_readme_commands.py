@@ -14,7 +14,7 @@ entry in `HOW` below saying how it is exercised, and that way is checked here:
   study    the study of experiments/binary_search_rl (an hour and more): its options resolve
            here; tests/test_study.py runs the same entry point with tiny overrides.
 
-Arguments of every `python -m jaxrl_agent` command are also resolved through cli.py's own
+Arguments of every `python -m jaxrl_agent` command are also resolved through cli/main.py's own
 override parser against the command's config, so a renamed option fails here even for a
 command whose long run is replaced by a tiny one. A README command that is not in `HOW` fails
 `test_every_readme_command_is_known`: add it with the way it is exercised.
@@ -118,7 +118,7 @@ def test_the_two_setup_commands_are_unchanged():
 
 
 def test_every_cli_command_resolves_its_options():
-    """cli.py's own override parser accepts every option the README passes (no job is run)."""
+    """cli/main.py's own override parser accepts every option the README passes (no job is run)."""
     for command in readme_commands():
         if " jaxrl_agent " not in f" {command} ":
             continue

@@ -1,4 +1,4 @@
-"""Tests for reward_model.py and the Bradley-Terry loss: the kernel against a NumPy loop, the
+"""Tests for the reward model (agent/ and loops/reward_model.py) and the Bradley-Terry loss: the kernel against a NumPy loop, the
 LossFn reading the scalar head at the last policy token, `rm-train` learning to rank held-out
 pairs of a synthetic preference set, frozen scoring == the training path, export / load, the
 reward model staying bit-identical through policy updates, and an RL run on

@@ -1,4 +1,4 @@
-"""Tests for rewards.py and the per-turn reward path of trajectory.py: turn outcomes from a
+"""Tests for agent/rewards.py and the per-turn reward path of trajectory.py: turn outcomes from a
 tool session's history, shaped rewards on the last policy token of their turn, GAE /
 REINFORCE++ crediting them by position and GRPO by the episode total (against the NumPy
 references), running normalisation, composition of verifier and reward-model rewards,

@@ -17,7 +17,7 @@ from jaxrl_agent.config import OptimConfig, RLConfig, TrainConfig
 from jaxrl_agent.loops.rl import NoSignalError, train_rl
 from jaxrl_agent.model.decoder import CausalLM, ModelConfig
 from jaxrl_agent.tokenizer import load_tokenizer
-from jaxrl_agent.trajectory import Episode
+from jaxrl_agent.trajectory import Episode, load_episodes
 from rl_worker import configs, sft_policy
 
 pytestmark = pytest.mark.slow
@@ -245,14 +245,15 @@ def test_eval_and_export_commands(sft_model, tok, tmp_path, monkeypatch):
                                          rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)
     saved = json.load(open(out))
     assert saved["n_episodes"] == 2 and saved["split"] == task_file and 0.0 <= summary["pass1"] <= 1.0
-    lines = [json.loads(x) for x in open(str(tmp_path / "eval.episodes.jsonl"))]
-    assert len(lines) == 2 and {x["task_id"] for x in lines} == {"binary_search"}
+    logged = load_episodes(str(tmp_path / "eval.episodes.jsonl"))  # the episode file, every episode whole
+    assert len(logged) == 2 and {e.info["task_id"] for e in logged} == {"binary_search"}
+    assert sum(e.reward for e in logged) / 2 == pytest.approx(summary["pass1"]) and all(sum(e.loss_mask) for e in logged)
     # A failure after the episodes ran keeps them: a partial summary names the error.
-    import jaxrl_agent.loops.rl as rl_mod
+    import jaxrl_agent.loops.evaluate as eval_mod
 
     def broken(*a, **k):
         raise RuntimeError("late failure")
-    monkeypatch.setattr(rl_mod, "summarize_episodes", broken)
+    monkeypatch.setattr(eval_mod, "summarize_episodes", broken)
     with pytest.raises(RuntimeError, match="late failure"):
         run_eval_job(EvalRunConfig(policy=PolicyConfig(policy), eval=EvalConfig(task_file=task_file, samples=2, out=out),
                                    rollout=ROLLOUT, sampling=SAMPLING, tools=TOOLS), show_progress=False)

@@ -1,4 +1,4 @@
-"""rollout.py: the agent loop's invariants with a real tiny policy (exact ids, masks, sampler
+"""agent/rollout.py: the agent loop's invariants with a real tiny policy (exact ids, masks, sampler
 log-probs == trainer log-probs, repeatability) and with a scripted policy that really fixes
 the task through the tools (rewards reach the episode), plus crash containment."""
 from dataclasses import replace

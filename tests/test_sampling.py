@@ -1,4 +1,4 @@
-"""Tests for sampling.py / sampling_engine.py: logp parity with the trainer, greedy == argmax,
+"""Tests for sampling/ (decode.py, engine.py): logp parity with the trainer, greedy == argmax,
 seeding, row independence, multi-turn == re-prefill, refill, no recompilation, clear errors."""
 import dataclasses
 

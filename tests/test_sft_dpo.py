@@ -1,4 +1,4 @@
-"""Tests for offline.py: SFT on chat-format episodes with the assistant-only loss mask, and DPO
+"""Tests for loops/offline.py: SFT on chat-format episodes with the assistant-only loss mask, and DPO
 on preference pairs, both through the same TrainStep as RL."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Tests for sharding.py and the sharded train step: mesh building, the rules table per preset,
+"""Tests for train/sharding.py and the sharded train step: mesh building, the rules table per preset,
 the replication check, batch sharding, multi-host env handling, and the dp / fsdp / fsdp+tp
 presets on 8 simulated devices giving the same loss, gradients and update as one device."""
 import jax

@@ -1,4 +1,4 @@
-"""Tests for train_step.py and lora.py: exact micro-batch accumulation (token-mean and
+"""Tests for train/step.py and train/lora.py: exact micro-batch accumulation (token-mean and
 seq-mean), every registered loss lowering its loss through the step, PPO epochs /
 mini-batches, old_logp recompute, the frozen reference, LoRA, schedules, errors."""
 from dataclasses import replace

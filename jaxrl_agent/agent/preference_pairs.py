@@ -1,4 +1,4 @@
-"""HOST: preference pairs of episodes for the reward model (split out of reward_model.py).
+"""HOST: preference pairs of episodes, for DPO and the reward model.
 
     pair_batch             pairs -> one TrainBatch (rows 2i chosen / 2i+1 rejected)
     pairs_from_groups      two episodes of one task whose verifier rewards differ

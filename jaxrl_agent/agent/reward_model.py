@@ -11,7 +11,7 @@ model has seen the whole episode up to and including the policy's last action. T
 `model.CausalLM` with `ModelConfig(value_head=True)`: the head (`value_w`, `value_b`) is
 exported and loaded exactly like a critic's, so `hf.py` needs nothing new.
 
-Pairs (preference_pairs.py) come from a user's JSONL (`load_preference_pairs`) or from the loop itself
+Pairs (agent/preference_pairs.py) come from a user's JSONL (`load_preference_pairs`) or from the loop itself
 (`pairs_from_groups`: two episodes of one task whose verifier rewards differ).
 
 A `RewardModel` holds a private copy of its parameters and only a forward pass is ever

@@ -16,7 +16,7 @@ batching: a finished row is refilled with the next pending episode at once). Per
 
 Episodes come back with the verifier's reward and, in `info["turn_outcomes"]`, one label per
 turn (ok / interface_error / tool_error / repeated_test / unchanged_edit) for optional per-turn shaping
-(rewards.py); what the update trains on is composed later (rl.py, rewards.RewardComposer).
+(agent/rewards.py); what the update trains on is composed later (loops/rl.py, rewards.RewardComposer).
 
 Tool calls and verifications run in a thread pool, so while some rows wait on the sandbox
 the engine keeps decoding the others. A crash in a tool or the verifier costs that episode

@@ -5,7 +5,7 @@ run time, so they are read with `ast` from the modules' source; defaults are the
 the instantiated dataclasses. Two readers render them:
 
     field_docs(cls) --> config_reference.py  (docs/config_reference.md: tables per class)
-                    --> command_help()       (`python -m jaxrl_agent <command> --help`, cli.py)
+                    --> command_help()       (`python -m jaxrl_agent <command> --help`, cli/main.py)
 
 Leaf module: no project imports.
 """

@@ -3,7 +3,8 @@ task split or a task file -> JSON.
 
     PolicyConfig --load_policy--> engine (sampling.engine_config.episode_engine)
       --loops.evaluate.evaluate (on every process's share)--> <out> summary (+ <out>.episodes.jsonl,
-      one line per episode as it ends; a failure leaves a summary marked partial)
+      every episode as it ends, `trajectory.save_episodes`; a failure leaves a summary marked
+      partial)
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from jaxrl_agent.loops.multihost import Processes
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import agent_sampling, episode_engine
 from jaxrl_agent.tokenizer import ChatFormat
+from jaxrl_agent.trajectory import save_episodes
 
 
 @dataclass(frozen=True)
@@ -71,18 +73,17 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
     model, tok = load_policy(cfg.policy.path, cfg.policy.tokenizer)
     chat = ChatFormat(tok, tool_style="short")
     engine = SamplingEngine(model, episode_engine(tok, cfg.rollout, cfg.sampling))
-    # Each episode is written as it ends (<out>.episodes.jsonl); a failure late in the run
+    # Each episode is appended as it ends (<out>.episodes.jsonl, the episode file of
+    # `trajectory.save_episodes`: `load_episodes` reads it back); a failure late in the run
     # still leaves a summary of the episodes measured before it, marked partial.
     os.makedirs(os.path.dirname(os.path.abspath(cfg.eval.out)), exist_ok=True)
     suffix = f".process{procs.index}" if procs.index else ""
-    done, log = [], open(os.path.splitext(cfg.eval.out)[0] + f".episodes{suffix}.jsonl", "w")
+    episodes_path, done = os.path.splitext(cfg.eval.out)[0] + f".episodes{suffix}.jsonl", []
+    save_episodes(episodes_path, [])
 
     def record(ep):
         done.append(ep)
-        log.write(json.dumps({"task_id": ep.info.get("task_id"), "reward": ep.reward, "termination": ep.termination,
-                              "reason": (ep.info.get("verify") or {}).get("reason"),
-                              "behaviour": ep.info.get("behaviour")}, default=str) + "\n")
-        log.flush()
+        save_episodes(episodes_path, [ep], append=True)
 
     try:
         with Sandbox(num_workers=2, memo_entries=MEMO_ENTRIES if cfg.eval.sandbox_memo else 0) as sandbox:
@@ -94,8 +95,6 @@ def run_eval_job(cfg: EvalRunConfig, *, show_progress: bool = True) -> dict:
             with open(cfg.eval.out + suffix, "w") as f:
                 json.dump({**summarize_episodes(done, 1), "partial": True, "error": repr(e)}, f, indent=2, default=str)
         raise
-    finally:
-        log.close()
     summary["policy"], summary["split"] = cfg.policy.path, cfg.eval.task_file or cfg.eval.split
     if procs.is_main:
         with open(cfg.eval.out, "w") as f:

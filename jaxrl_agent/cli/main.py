@@ -2,15 +2,15 @@
 
 Commands:
   demo     The main job: a tiny SFT policy's held-out success before and after a short RL
-           run on the bug-fixing tasks, with an example trajectory (demo.py).
+           run on the bug-fixing tasks, with an example trajectory (cli/demo.py).
   sft      Expert demonstrations -> SFT of a tiny policy -> HF directory.
-  train    RL from an HF policy directory (rl.py), with checkpoints and --resume=true.
+  train    RL from an HF policy directory (loops/rl.py), with checkpoints and --resume=true.
   eval     pass@1 / pass@k (Wilson 95% intervals) and behaviour statistics -> JSON.
   export   The latest checkpoint of an RL run -> an HF directory.
   rm-train Preference pairs of episodes (a JSONL, or collected from a policy's rollouts:
            two episodes of one task whose verifier rewards differ) -> a Bradley-Terry
            reward model (the policy's decoder with a scalar head) -> HF directory, with
-           its held-out pair accuracy (reward_model.py). RL uses it with
+           its held-out pair accuracy (loops/reward_model.py). RL uses it with
            `train --rewards.source=sum --rewards.reward_model_path=DIR`.
   bandit   A multi-step tool-choice bandit trained with any registered loss (default GRPO):
            a tabular softmax policy picks a tool at each of `steps` decisions, observation
@@ -21,7 +21,7 @@ Commands:
 Overrides use dotted names, e.g. `--bandit.algo=rloo --loss.clip_high=0.28`; the resolved
 config is printed at start; `python -m jaxrl_agent <command> --help` lists the command's options
 with their defaults and meanings. `--compile_cache=DIR|off` places or disables JAX's persistent
-compilation cache (compile_cache.py; default: a user cache directory).
+compilation cache (cli/compile_cache.py; default: a user cache directory).
 """
 from __future__ import annotations
 

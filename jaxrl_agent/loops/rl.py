@@ -12,7 +12,7 @@
 
 On a multi-process job (`jax.distributed`) each process rolls out its contiguous share of the
 iteration's tasks on its own engine and sandbox and feeds only its own rows to the train step
-(`multihost.py` says what is split and what is global). With `rl.max_staleness=1` the next
+(`loops/multihost.py` says what is split and what is global). With `rl.max_staleness=1` the next
 iteration's rollouts run in a background thread on the previous policy while the update runs
 (one-step-off-policy, as verl / AReaL do); the thread does no cross-process communication, the
 main thread does it all, so the collectives of the rollout and of the update never interleave.

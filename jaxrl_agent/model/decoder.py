@@ -8,11 +8,11 @@ Layer weights are stacked along a leading `layers` axis: shallow models apply th
 unrolled loop (faster on CPU), deep ones with `lax.scan` so compile time does not grow with
 depth (`ModelConfig.unroll_layers`). Every parameter carries logical axis names (`vocab`,
 `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`) as NNX `out_sharding` metadata;
-only `sharding.py` maps them to mesh axes.
+only `train/sharding.py` maps them to mesh axes.
 
 Numerics follow `transformers`: norms, softmax and logits in float32, everything else in the
-parameter dtype. The per-token log-prob / entropy kernels are in `logprobs.py` (re-exported
-here): `policy_outputs` scores a batch through them without a `[B, T, V]` log-softmax.
+parameter dtype. The per-token log-prob / entropy kernels are in `logprobs.py`:
+`policy_outputs` scores a batch through them without a `[B, T, V]` log-softmax.
 
 Dims: B batch, T tokens, S cache slots, D model, H heads, K kv heads, Dh head dim, F MLP, V vocab.
 """
@@ -27,11 +27,10 @@ from flax import nnx
 from jaxrl_agent.model import kv_cache
 from jaxrl_agent.model.kv_cache import KVCache
 from jaxrl_agent.model.layers import apply_rope, attention, dense, lead_axes, rms_norm, rope_inv_freq, rope_tables
-# The log-prob kernels live in logprobs.py (pure functions of logits / hidden states); re-exported.
-from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
+from jaxrl_agent.model.logprobs import token_logprobs_and_entropy
 from jaxrl_agent.structs import PolicyOutputs
 
-__all__ = ["ModelConfig", "CausalLM", "policy_outputs", "logp_and_entropy_from_logits", "token_logprobs_and_entropy"]
+__all__ = ["ModelConfig", "CausalLM", "policy_outputs"]
 
 
 @dataclass(frozen=True)

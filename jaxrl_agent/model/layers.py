@@ -1,4 +1,4 @@
-"""DEVICE: pure building blocks of the decoder in `model.py`: RMSNorm, RoPE, GQA attention,
+"""DEVICE: pure building blocks of the decoder in `decoder.py`: RMSNorm, RoPE, GQA attention,
 dense projections.
 
 Each matches the `transformers` Llama / Qwen numerics: normalisation statistics, attention

@@ -1,11 +1,11 @@
 """DEVICE: jitted prefill and decode loop over a fixed-size KV cache (DESIGN §6).
 
-Pure functions of the model, the cache and small per-row tables; `sampling_engine.py` is the
+Pure functions of the model, the cache and small per-row tables; `engine.py` is the
 host-side driver (multi-turn episodes, continuous batching, shape buckets).
 
 Engine state on device is a pair `(cache, logits)`:
 
-    cache   KVCache (kv_cache.py), lengths [B]           every token of row b's episode so far
+    cache   KVCache (model/kv_cache.py), lengths [B]           every token of row b's episode so far
     logits  [B, V] float32                               next-token logits of each row
 
 Invariant: every token of an episode enters the cache exactly once, either by `prefill` (text

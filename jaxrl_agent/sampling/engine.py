@@ -1,6 +1,6 @@
 """HOST: the multi-turn sampling engine: episodes in rows, continuous batching, shape buckets.
 
-`SamplingEngine` owns a batch of B rows on device (`sampling.py`: a KV cache and next-token
+`SamplingEngine` owns a batch of B rows on device (`decode.py`: a KV cache and next-token
 logits) and a host mirror of each row's tokens. A rollout loop talks to it per turn:
 
     eng = SamplingEngine(model, SamplingConfig(batch_size=B, cache_size=S, stop_token_ids=(im_end,)))
@@ -15,7 +15,7 @@ logits) and a host mirror of each row's tokens. A rollout loop talks to it per t
     eng.update_params(model)                       # after an optimiser step; no recompilation
 
 `sample_turn` is `begin_turn` + one `advance` long enough for every turn to end. An agent loop
-calls `advance` in chunks instead (`rollout.py`): a row whose turn ends mid-chunk leaves the
+calls `advance` in chunks instead (`agent/rollout.py`): a row whose turn ends mid-chunk leaves the
 decode batch at the chunk's end for its tool call, and rows whose tool results arrive begin
 their next turn, so the decode loop runs on rows mid-turn rather than on a turn's stragglers.
 

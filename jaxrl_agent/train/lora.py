@@ -2,7 +2,7 @@
 
     W_eff = W + (alpha / r) * A @ B,    A: [in, r] (normal init),  B: [r, out] (zeros)
 
-Every target weight is stacked over layers (`[L, *in, *out]` in model.py), so its adapter is
+Every target weight is stacked over layers (`[L, *in, *out]` in model/decoder.py), so its adapter is
 A `[L, *in, r]` and B `[L, r, *out]`. The adapted weight is formed before the forward pass
 (one small matmul per weight per step) and handed to the unchanged model, so the sampler,
 the trainer and `hf.save_pretrained` (after `merge`) all see one kind of parameter dict. Only

@@ -169,7 +169,7 @@ def shard_batch(batch, mesh: Mesh):
 def shard_local_batch(batch, mesh: Mesh):
     """Build the global batch from each process's own rows (NumPy leaves, `B / P` rows here).
 
-    Multi-process RL (`multihost.py`): process p passes rows [p B/P, (p+1) B/P) of the global
+    Multi-process RL (`loops/multihost.py`): process p passes rows [p B/P, (p+1) B/P) of the global
     batch and never holds the others; on one process this is `shard_batch`. Every process
     must pass the same T and row count. Raises ValueError when the local rows are not a
     multiple of this process's share of data * fsdp devices.

@@ -8,7 +8,7 @@ AdamW updates. The only `value_and_grad` in the package.
 
 The step is a plain `jax.jit` over pure functions of a parameter dict (the NNX model is
 rebuilt from its graphdef inside the trace with `nnx.merge`), with explicit in/out shardings
-from `sharding.py`, so the same code runs on one device, a simulated 8-device CPU mesh,
+from `train/sharding.py`, so the same code runs on one device, a simulated 8-device CPU mesh,
 several processes, or a pod.
 
 Gradient accumulation is exact for every LossFn, not only for sums. A loss is a function of
@@ -115,7 +115,7 @@ class TrainStep:
     `precompile(batches)` compiles the step for the batch shapes a run will use, in a background
     thread, the way `SamplingEngine.warmup` compiles the sampler's buckets: the first update then
     starts at once instead of compiling after the first rollout, and with the persistent
-    compilation cache (compile_cache.py) the compile is a disk load.
+    compilation cache (cli/compile_cache.py) the compile is a disk load.
     """
 
     def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation, cfg: TrainConfig,
