@@ -75,7 +75,7 @@ class Ours:
         from jaxrl_agent.losses.registry import LOSSES
         from jaxrl_agent.sampling.engine import SamplingEngine
         from jaxrl_agent.train.step import make_optimizer, make_train_step
-        from jaxrl_agent.train.weight_sync import policy_for_engine
+        from jaxrl_agent.train.weight_sync import policy_for_engine, sync_engine
 
         self.model, self.tok = load_policy(policy)
         self.prompt_ids, self.group, self.rows = prompt_ids, args.group, len(prompt_ids) * args.group
@@ -94,7 +94,7 @@ class Ours:
             # the longest prompt, and 32 for the tail of a prompt whose prefix a group member's
             # row already holds (SamplingConfig.share_prefix_min)
             prefill_buckets=tuple(sorted({32, -(-max(map(len, prompt_ids)) // 32) * 32}))))
-        self._policy_for_engine = policy_for_engine
+        self._sync_engine = sync_engine
         self.setup_s = time.perf_counter() - t0
         self.iteration = 0
 
@@ -118,7 +118,7 @@ class Ours:
             self.first_episode = episodes[0]
         batch = collate(episodes, self.traj)[0]
         self.state, metrics = self.ts(self.state, batch)
-        self.engine.update_params(self._policy_for_engine(self.ts, self.state))
+        self._sync_engine(self.engine, self.ts, self.state)
         float(metrics["loss"])
         t2 = time.perf_counter()
         self.iteration += 1

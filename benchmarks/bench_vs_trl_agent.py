@@ -163,7 +163,7 @@ class OursAgent:
         from jaxrl_agent.sampling.engine import SamplingEngine
         from jaxrl_agent.sampling.engine_config import episode_engine
         from jaxrl_agent.train.step import make_optimizer, make_train_step
-        from jaxrl_agent.train.weight_sync import policy_for_engine
+        from jaxrl_agent.train.weight_sync import policy_for_engine, sync_engine
 
         self.agent, self.group, self.sandbox = agent, args.group, sandbox
         model, tok = load_policy(args.policy)
@@ -182,7 +182,7 @@ class OursAgent:
         for f in self.ts.precompile([collate(pad, replace(self.traj, buckets=(t,), row_buckets=(rows,)))[0]
                                      for t in self.traj.buckets]):
             f.result()
-        self._refresh = lambda: self.engine.update_params(policy_for_engine(self.ts, self.state))
+        self._refresh = lambda: sync_engine(self.engine, self.ts, self.state)
         self.iteration = 0
 
     def step(self) -> dict:
