@@ -1,4 +1,6 @@
-"""Frozen dataclass configs: one docstring per field, no logic.
+"""Frozen dataclass configs of the training path (loss, sampling, trajectory, mesh, optimizer,
+LoRA, train step, checkpoints, rollout, RL loop, rewards): one docstring per field, no logic.
+The other configs live beside the code they configure (ARCHITECTURE.md, "One home per rule").
 
 Each function receives only the sub-config it needs (DESIGN §10). CLI overrides address
 fields with dotted names, e.g. `--loss.clip_high=0.28`.
