@@ -341,6 +341,28 @@ def test_shared_prompt_prefixes_change_no_token(model):
         assert share.tokens(b) == ref.tokens(b)
 
 
+def test_a_group_follows_its_own_first_row_not_the_shorter_shared_prefix(model):
+    """Groups starting together (GRPO: several prompts x G rows): the next group's first row
+    shares only a common head (the system prompt) with the group before it; the rest of its
+    group copy its whole prompt from it (a follower of a follower, served in a later round of
+    the flush) instead of the common head, and sample what whole prefills sample."""
+    share = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=8))
+    ref = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=0))
+    a = _prompt(60, 30)
+    b = a[:12] + _prompt(61, 18)  # a 12-token common head, then its own task
+    outs = []
+    for e in (share, ref):
+        for row, prompt in enumerate([a, a, b, b]):
+            e.start_episode(row, prompt, seed=row)
+        outs.append(e.sample_turn([0, 1, 2, 3]))
+    # row 1 copies 29 of a, row 2 the 12-token head, row 3 29 of b (from row 2, once row 2 has it)
+    assert share.tokens_shared == 29 + 12 + 29
+    assert share.tokens_prefilled == 30 + 1 + 18 + 1 and ref.tokens_prefilled == 4 * 30
+    for r in range(4):
+        assert outs[0].row(r)[0] == outs[1].row(r)[0]
+        np.testing.assert_allclose(outs[0].row(r)[1], outs[1].row(r)[1], atol=1e-5)
+
+
 def test_new_params_are_never_served_old_prefixes(model):
     """After `update_params` no prompt copies keys and values computed with the old params,
     not even a copy that was pending when the params changed: it samples what a fresh engine

@@ -210,18 +210,22 @@ class SamplingEngine:
 
         Shared prompt prefixes (`start_episode`) are copied first from rows whose cache held
         them before this flush; rows sharing with a prompt staged in this same flush (a
-        group's episodes starting together) copy it once it is prefilled, then prefill the
-        rest of their own prompt."""
+        group's episodes starting together) copy it once it is in the cache, then prefill the
+        rest of their own prompt: in rounds, as a row followed may itself follow another."""
         b = self.config.batch_size
         first = self._copy_src >= 0
         if first.any():  # from the cache as it is before this flush's prefills
             self._copy(first, self._copy_src, self._copy_len)
         lens = np.array([len(s) for s in self._staged])
-        later = self._follow_src >= 0
-        self._prefill((lens > 0) & ~later, lens)
-        if later.any():  # their leaders' prompts are in the cache now
-            self._copy(later, self._follow_src, self._follow_len)
-            self._prefill(later, lens)
+        waiting = self._follow_src >= 0
+        self._prefill((lens > 0) & ~waiting, lens)
+        while waiting.any():  # rounds: a row follows once its source's prompt is in the cache
+            ready = waiting & ~waiting[np.maximum(self._follow_src, 0)]
+            if not ready.any():  # sources were staged before their followers: never a cycle
+                raise RuntimeError(f"follow cycle among rows {np.flatnonzero(waiting).tolist()}")
+            self._copy(ready, self._follow_src, self._follow_len)
+            self._prefill(ready, lens)
+            waiting &= ~ready
         self._cached = np.array([len(t) if live else c for t, live, c in zip(self._tokens, self._live, self._cached)])
         self._copy_src[:], self._follow_src[:] = -1, -1
         self.tokens_prefilled += int(lens.sum())
@@ -381,8 +385,10 @@ class SamplingEngine:
         - a row whose cache holds n leading tokens of it now (any row, freed ones and `row`
           itself included: a freed row's cache stays as it was);
         - a live row other than `row` whose own prompt is staged for the next flush and holds
-          n leading tokens of it (episodes of a group starting together), not itself waiting
-          to copy from another staged prompt.
+          n leading tokens of it (episodes of a group starting together), even one that itself
+          follows another staged prompt (the next group's first row shares only the system
+          prompt with this group's: its group then copies from it, not the shorter prefix;
+          `flush` serves followers in rounds).
 
         n is at most all but the prompt's last token (prefilled for the next-token logits);
         a pair is (-1, 0) when it offers fewer than `config.share_prefix_min` tokens."""
@@ -393,7 +399,7 @@ class SamplingEngine:
         want = np.asarray(prompt[:-1])
         for r in range(self.config.batch_size):
             cached = int(self._cached[r])
-            staged = self._live[r] and r != row and self._follow_src[r] < 0 and bool(self._staged[r])
+            staged = self._live[r] and r != row and bool(self._staged[r])
             for which, m in ((0, cached), (1, len(self._tokens[r]) if staged else 0)):
                 m = min(m, len(want))
                 if m < k or m <= out[which][1]:
