@@ -326,9 +326,10 @@ def test_shared_prompt_prefixes_change_no_token(model):
         {"start": [(2, p[:-1] + [3], 23), (3, p[:-1] + [3, 7], 24)], "end": [2], "sample": [3]},
     ]
     got, want = run(share, plan), run(ref, plan)
-    # per step: 0, 25, 20, 25, 25, 25; 20 + 3 x 25 (rows 1-3 follow row 0's staged prompt, which
-    # copied 20 from the cache); 20 + 24 (row 1 follows row 0); 25 + 26 (row 3 follows row 2)
-    assert share.tokens_shared == 4 * 25 + 20 + 20 + 3 * 25 + 20 + 24 + 25 + 26 and ref.tokens_shared == 0
+    # per step: 0, 25, 20, 25, 25, 25; 20 + 25 + 2 x 26 (row 0 copied 20 from the cache, row 1
+    # follows row 0's staged prompt, rows 2-3 take row 1's whole prompt q and its logits);
+    # 20 + 24 (row 1 follows row 0); 25 + 26 (row 3 follows row 2)
+    assert share.tokens_shared == 4 * 25 + 20 + 20 + 25 + 2 * 26 + 20 + 24 + 25 + 26 and ref.tokens_shared == 0
     # every token entered the cache once, by a prefill or a copy; only the two staged leaders
     # that were replaced or freed before a flush (26 tokens each) entered share's cache and
     # not ref's: they were prefilled first to serve their followers
@@ -344,8 +345,9 @@ def test_shared_prompt_prefixes_change_no_token(model):
 def test_a_group_follows_its_own_first_row_not_the_shorter_shared_prefix(model):
     """Groups starting together (GRPO: several prompts x G rows): the next group's first row
     shares only a common head (the system prompt) with the group before it; the rest of its
-    group copy its whole prompt from it (a follower of a follower, served in a later round of
-    the flush) instead of the common head, and sample what whole prefills sample."""
+    group copy its whole prompt and its next-token logits from it (a follower of a follower,
+    served in a later round of the flush) instead of the common head, prefill nothing, and
+    sample what whole prefills sample."""
     share = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=8))
     ref = SamplingEngine(model, dataclasses.replace(SAMPLE, share_prefix_min=0))
     a = _prompt(60, 30)
@@ -355,9 +357,10 @@ def test_a_group_follows_its_own_first_row_not_the_shorter_shared_prefix(model):
         for row, prompt in enumerate([a, a, b, b]):
             e.start_episode(row, prompt, seed=row)
         outs.append(e.sample_turn([0, 1, 2, 3]))
-    # row 1 copies 29 of a, row 2 the 12-token head, row 3 29 of b (from row 2, once row 2 has it)
-    assert share.tokens_shared == 29 + 12 + 29
-    assert share.tokens_prefilled == 30 + 1 + 18 + 1 and ref.tokens_prefilled == 4 * 30
+    # row 1 copies all of a and row 0's next-token logits; row 2 the 12-token head, then
+    # prefills its 18; row 3 all of b and its logits from row 2, once row 2 has them
+    assert share.tokens_shared == 30 + 12 + 30
+    assert share.tokens_prefilled == 30 + 18 and ref.tokens_prefilled == 4 * 30
     for r in range(4):
         assert outs[0].row(r)[0] == outs[1].row(r)[0]
         np.testing.assert_allclose(outs[0].row(r)[1], outs[1].row(r)[1], atol=1e-5)
@@ -381,7 +384,7 @@ def test_new_params_are_never_served_old_prefixes(model):
     fresh.start_episode(1, p, seed=2)
     fresh.start_episode(2, p, seed=3)
     want = fresh.sample_turn([1, 2])
-    assert share.tokens_shared == 25  # row 2 followed row 1's prompt, prefilled in the same flush
+    assert share.tokens_shared == 26  # row 2 took row 1's whole prompt and logits, prefilled in the same flush
     for b in (1, 2):
         assert got.row(b)[0] == want.row(b)[0]
         np.testing.assert_allclose(got.row(b)[1], want.row(b)[1], atol=1e-5)

@@ -224,6 +224,10 @@ class SamplingEngine:
             if not ready.any():  # sources were staged before their followers: never a cycle
                 raise RuntimeError(f"follow cycle among rows {np.flatnonzero(waiting).tolist()}")
             self._copy(ready, self._follow_src, self._follow_len)
+            # a copy of a whole identical prompt takes the source's next-token logits too
+            whole = ready & (self._follow_len == np.array([len(t) for t in self._tokens]))
+            if whole.any():
+                self.logits = self.logits[np.where(whole, self._follow_src, np.arange(b)).astype(np.int32)]
             self._prefill(ready, lens)
             waiting &= ~ready
         self._cached = np.array([len(t) if live else c for t, live, c in zip(self._tokens, self._live, self._cached)])
@@ -390,18 +394,22 @@ class SamplingEngine:
           prompt with this group's: its group then copies from it, not the shorter prefix;
           `flush` serves followers in rounds).
 
-        n is at most all but the prompt's last token (prefilled for the next-token logits);
-        a pair is (-1, 0) when it offers fewer than `config.share_prefix_min` tokens."""
+        n is at most all but the prompt's last token (prefilled for the next-token logits),
+        except from a staged row whose whole prompt is this one (a GRPO group's other rows):
+        then n is the whole prompt, and `flush` copies that row's next-token logits with it,
+        so the row prefills nothing. A pair is (-1, 0) when it offers fewer than
+        `config.share_prefix_min` tokens."""
         out = [(-1, 0), (-1, 0)]
         k = self.config.share_prefix_min
         if k <= 0 or len(prompt) <= k:
             return out[0], out[1]
-        want = np.asarray(prompt[:-1])
+        want = np.asarray(prompt)
         for r in range(self.config.batch_size):
             cached = int(self._cached[r])
             staged = self._live[r] and r != row and bool(self._staged[r])
             for which, m in ((0, cached), (1, len(self._tokens[r]) if staged else 0)):
-                m = min(m, len(want))
+                whole = which == 1 and self._tokens[r] == prompt  # its logits after the flush are this row's
+                m = len(prompt) if whole else min(m, len(prompt) - 1)
                 if m < k or m <= out[which][1]:
                     continue
                 diff = np.flatnonzero(np.asarray(self._tokens[r][:m]) != want[:m])
