@@ -364,6 +364,16 @@ def test_a_group_follows_its_own_first_row_not_the_shorter_shared_prefix(model):
     for r in range(4):
         assert outs[0].row(r)[0] == outs[1].row(r)[0]
         np.testing.assert_allclose(outs[0].row(r)[1], outs[1].row(r)[1], atol=1e-5)
+    # a source appended to before the flush has other next-token logits: its follower prefills its own
+    outs = []
+    for e in (share, ref):
+        e.start_episode(0, b, seed=7)
+        e.start_episode(1, b, seed=8)
+        e.append(0, [3, 4])
+        outs.append(e.sample_turn([0, 1]))
+    for r in range(2):
+        assert outs[0].row(r)[0] == outs[1].row(r)[0]
+        np.testing.assert_allclose(outs[0].row(r)[1], outs[1].row(r)[1], atol=1e-5)
 
 
 def test_new_params_are_never_served_old_prefixes(model):

@@ -180,6 +180,8 @@ class SamplingEngine:
             raise ValueError(f"append(row={row}): the row is in a turn (advance until it ends, then append)")
         ids = self._check_ids(ids, "ids")
         self._check_fits(row, len(self._tokens[row]) + len(ids), len(ids), "append")
+        if (self._follow_src == row).any():
+            self.flush()  # rows copying this row's staged prompt (and its logits) get it before it grows
         if len(self._staged[row]) + len(ids) > self.buckets[-1]:
             self.flush()  # staged text would outgrow the largest bucket: prefill what is staged first
         self._tokens[row].extend(ids)
@@ -225,6 +227,7 @@ class SamplingEngine:
                 raise RuntimeError(f"follow cycle among rows {np.flatnonzero(waiting).tolist()}")
             self._copy(ready, self._follow_src, self._follow_len)
             # a copy of a whole identical prompt takes the source's next-token logits too
+            # (a follower appended to since then prefills its own text: its logits are from that)
             whole = ready & (self._follow_len == np.array([len(t) for t in self._tokens]))
             if whole.any():
                 self.logits = self.logits[np.where(whole, self._follow_src, np.arange(b)).astype(np.int32)]
