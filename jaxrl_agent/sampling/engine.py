@@ -411,7 +411,7 @@ class SamplingEngine:
             cached = int(self._cached[r])
             staged = self._live[r] and r != row and bool(self._staged[r])
             for which, m in ((0, cached), (1, len(self._tokens[r]) if staged else 0)):
-                whole = which == 1 and self._tokens[r] == prompt  # its logits after the flush are this row's
+                whole = which == 1 and staged and self._tokens[r] == prompt  # its logits after the flush are this row's
                 m = len(prompt) if whole else min(m, len(prompt) - 1)
                 if m < k or m <= out[which][1]:
                     continue
