@@ -11,7 +11,10 @@ text, equal on both sides (its parity of length), so groups have mixed rewards a
 is a real one; float32 on both sides (TRL's defaults, bf16 autocast and gradient checkpointing,
 are turned off unless `--trl_defaults`: our side does neither, and bf16 matmuls on a CPU
 without bf16 units are several times slower); one GRPO update over all completions: token-mean
-over the batch (TRL's "dapo"), clip 0.2, AdamW, no KL, one update per batch.
+over the batch (TRL's "dapo"), clip 0.2, AdamW, no KL, one update per batch. Both sides
+compute the same loss and gradient; ours runs a group's shared prompt through the forward and
+backward passes once (`TrajectoryConfig.share_prefix_min`, the library's default), TRL once
+per completion; `--whole_rows` turns that off to show what it saves.
 
 Interleaving: TRL's own training loop runs (`trainer.train()`), and a callback runs one of our
 iterations after each of TRL's steps, so background load hits both alike. TRL runs twice,
@@ -85,8 +88,12 @@ class Ours:
                                                               kl_coef=0.0)),
                                   self.model)
         self.state = self.ts.init_state(self.model, seed=0)
-        # length buckets every 64 tokens: a batch pads to its longest row, as TRL's does
+        # length buckets every 64 tokens: a batch pads to its longest row, as TRL's does; a
+        # group's shared prompt trains once (TrajectoryConfig.share_prefix_min, on by default),
+        # padded to a multiple of 32 (0 with --whole_rows: every row its whole prompt)
         self.traj = TrajectoryConfig(buckets=tuple(range(64, longest + 64, 64)),
+                                     prefix_buckets=tuple(range(32, longest + 32, 32)),
+                                     share_prefix_min=0 if args.whole_rows else TrajectoryConfig.share_prefix_min,
                                      batch_multiple=self.ts.mesh.devices.size)
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), SamplingConfig(
             temperature=1.0, max_new_tokens=args.new, batch_size=self.rows, cache_size=self.traj.buckets[-1],
@@ -232,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", default="default,1", help="torch thread settings of TRL's passes")
     ap.add_argument("--trl_defaults", action="store_true",
                     help="keep GRPOConfig's bf16 autocast and gradient checkpointing (what a user gets)")
+    ap.add_argument("--whole_rows", action="store_true",
+                    help="our update runs every row's prompt (no shared prefixes), as TRL's does")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "vs_trl.json"))
     args = ap.parse_args(argv)
     import torch

@@ -128,6 +128,18 @@ class TrajectoryConfig:
     row_buckets: tuple[int, ...] = ()
     """Allowed row counts B (multiples of batch_multiple), so a varying number of episodes
     compiles a bounded number of shapes; empty: any multiple of batch_multiple."""
+    share_prefix_min: int = 32
+    """Rows of one group (`Episode.group_id`) whose episodes begin with the same tokens, more
+    than this many and none of them a loss token (a GRPO group's prompt), train on that
+    prefix once: it goes to `TrainBatch.prefix_tokens` and each row keeps the rest, so the
+    forward and backward passes run the prompt once per group instead of once per row (the
+    gradient is the same up to float summation order; benchmarks/bench_vs_trl.py times the
+    update both ways). 0 pads every episode whole; ignored with `pack`."""
+    prefix_buckets: tuple[int, ...] = ()
+    """Allowed prefix lengths Tp; empty: `buckets`."""
+    prefix_rows: tuple[int, ...] = ()
+    """Allowed prefix counts P (multiples of batch_multiple): a run whose groups vary in
+    number compiles one shape; empty: the smallest multiple of batch_multiple that fits."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,18 @@ class TrainBatch:
     old_values:    optional f32 critic values at collection time.
     advantages:    optional f32 precomputed advantages (a loss computes its own if None).
     returns:       optional f32 value targets computed with `advantages` (GAE's; PPO's value loss).
+
+    Shared prefixes (`TrajectoryConfig.share_prefix_min`; all three present or all None): a
+    GRPO group's rows begin with the same prompt, which the model then runs once per group
+    instead of once per row. Row b's sequence is the real tokens of
+    `prefix_tokens[prefix_index[b]]` followed by the row's own `tokens`; every `[B, T]` field
+    covers the row's own part only (`positions` continue from the prefix's length), and a
+    prefix never holds a loss token.
+    prefix_tokens: optional int32 `[P, Tp]` the shared prefixes, right-padded; P is a multiple
+                   of the row multiple, so these leaves shard over the batch devices too.
+    prefix_mask:   optional int32 `[P, Tp]`, 1 on a prefix's real tokens.
+    prefix_index:  optional int32 `[B]`, the prefix row b continues (one with no real token:
+                   none).
     """
 
     tokens: jax.Array
@@ -46,6 +58,14 @@ class TrainBatch:
     old_values: jax.Array | None = None
     advantages: jax.Array | None = None
     returns: jax.Array | None = None
+    prefix_tokens: jax.Array | None = None
+    prefix_mask: jax.Array | None = None
+    prefix_index: jax.Array | None = None
+
+    @property
+    def prefix(self) -> tuple[jax.Array, jax.Array, jax.Array] | None:
+        """(prefix_tokens, prefix_mask, prefix_index), the model's `prefix=` argument, or None."""
+        return None if self.prefix_tokens is None else (self.prefix_tokens, self.prefix_mask, self.prefix_index)
 
 
 @struct.dataclass

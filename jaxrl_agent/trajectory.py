@@ -16,6 +16,11 @@ Packing (`TrajectoryConfig.pack`) puts several short episodes in one row: `atten
 holds segment ids 1, 2, ... (the model attends within a segment only) and `positions` restart
 at 0 in every segment. It is meant for token-level losses (SFT); an RL batch keeps one
 episode per row because its losses read one reward and one group per row.
+
+Shared prefixes (`TrajectoryConfig.share_prefix_min`) cut a group's common loss-free start
+out of its rows into `prefix_tokens`, once per group (`_shared_prefixes` decides the cut); a
+row keeps the prefix's last token, so its first position's logits predict the first token it
+owns, and every token with a loss, a reward or a sampler log-prob stays in the row.
 """
 from __future__ import annotations
 
@@ -190,6 +195,37 @@ def _fit(episodes: Sequence[Episode], cfg: TrajectoryConfig) -> tuple[list[Episo
     return out, truncated
 
 
+def _shared_prefixes(eps: Sequence[Episode], min_len: int, max_len: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """Which prefix each episode continues, and where its row starts.
+
+    A group (`group_id`) of at least two episodes shares the longest start all of them have
+    in common that holds no loss token; its prefix is that start minus its last token (which
+    each row keeps) cut to at most `max_len` tokens, if at least `min_len` long. Returns (prefix_of, cuts, prefixes):
+    episode i continues `prefixes[prefix_of[i]]` and its row starts at token `cuts[i]`
+    (prefix_of -1 and cut 0 for an episode that shares nothing).
+    """
+    members: dict[int, list[int]] = {}
+    for i, ep in enumerate(eps):
+        members.setdefault(ep.group_id, []).append(i)
+    prefix_of, cuts, prefixes = [-1] * len(eps), [0] * len(eps), []
+    for rows in members.values():
+        if len(rows) < 2:
+            continue
+        first = eps[rows[0]].ids
+        common = min(next((t for t, m in enumerate(eps[i].loss_mask) if m), len(eps[i])) for i in rows)
+        for i in rows[1:]:
+            ids, n = eps[i].ids, 0
+            while n < common and ids[n] == first[n]:
+                n += 1
+            common = n
+        cut = min(common - 1, max_len)
+        if cut >= max(min_len, 1):
+            for i in rows:
+                prefix_of[i], cuts[i] = len(prefixes), cut
+            prefixes.append(list(first[:cut]))
+    return prefix_of, cuts, prefixes
+
+
 def _pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     """First-fit-decreasing bin packing of episode lengths into rows of `capacity` tokens."""
     rows: list[list[int]] = []
@@ -241,6 +277,9 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
     if cfg.batch_multiple < 1:
         raise ValueError(f"batch_multiple must be >= 1, got {cfg.batch_multiple}")
     eps, truncated = _fit(episodes, cfg)
+    prefix_of, cuts, prefixes = [-1] * len(eps), [0] * len(eps), []
+    if cfg.share_prefix_min > 0 and not cfg.pack:  # a packed row holds several episodes
+        prefix_of, cuts, prefixes = _shared_prefixes(eps, cfg.share_prefix_min, max(cfg.prefix_buckets or cfg.buckets))
     if cfg.pack:
         if any(ep.reward != 0.0 or ep.turn_rewards for ep in eps):
             raise ValueError("packing is for token-level losses (SFT): RL episodes carry rewards and need one "
@@ -249,7 +288,7 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
         longest = max(sum(len(eps[i]) for i in row) for row in rows)
     else:
         rows = [[i] for i in range(len(eps))]
-        longest = max(len(ep) for ep in eps)
+        longest = max(len(ep) - cut for ep, cut in zip(eps, cuts))
     T = bucket_length(longest, cfg.buckets)
     B = -(-len(rows) // cfg.batch_multiple) * cfg.batch_multiple
     if cfg.row_buckets:
@@ -274,26 +313,71 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
     for r, row in enumerate(rows):
         start = 0
         for seg, i in enumerate(row, start=1):
-            ep, n = eps[i], len(eps[i])
+            ep, cut = eps[i], cuts[i]  # a shared prefix's tokens [0, cut) are in prefix_tokens
+            n = len(ep) - cut
             sl = slice(start, start + n)
-            tokens[r, sl] = ep.ids
-            positions[r, sl] = np.arange(n)
+            tokens[r, sl] = ep.ids[cut:]
+            positions[r, sl] = np.arange(cut, len(ep))
             attention_mask[r, sl] = seg  # 1 for an unpacked row
-            loss_mask[r, sl] = ep.loss_mask
-            sampler_logp[r, sl] = np.asarray(ep.sampler_logp, np.float32) * np.asarray(ep.loss_mask, np.float32)
-            turn_id[r, sl] = ep.turn_id
+            loss_mask[r, sl] = ep.loss_mask[cut:]
+            sampler_logp[r, sl] = (np.asarray(ep.sampler_logp, np.float32) * np.asarray(ep.loss_mask, np.float32))[cut:]
+            turn_id[r, sl] = ep.turn_id[cut:]
+            rewards = np.zeros(len(ep), np.float32)
             policy = np.flatnonzero(np.asarray(ep.loss_mask))
             if policy.size:  # the outcome lands on the last token the policy chose
-                token_rewards[r, start + policy[-1]] = ep.reward
-            shaped = _place_turn_rewards(ep, token_rewards[r, sl]) if ep.turn_rewards else 0.0
+                rewards[policy[-1]] = ep.reward
+            shaped = _place_turn_rewards(ep, rewards) if ep.turn_rewards else 0.0
+            token_rewards[r, sl] = rewards[cut:]  # all on policy tokens, which no prefix holds
             start += n
         reward[r] = eps[row[0]].reward + shaped  # packed rows carry no rewards (checked above)
         group_id[r] = eps[row[0]].group_id
     batch = TrainBatch(tokens=tokens, positions=positions, attention_mask=attention_mask, loss_mask=loss_mask,
                        sampler_logp=sampler_logp, turn_id=turn_id, token_rewards=token_rewards,
                        group_id=group_id, reward=reward)
+    if prefixes:  # a batch where no group shares a prefix is padded whole, without prefix leaves
+        batch = _attach_prefixes(batch, [prefix_of[row[0]] for row in rows], prefixes, cfg)
     info = CollateInfo(rows=tuple(tuple(r) for r in rows) + ((),) * (B - len(rows)), truncated=truncated, length=T)
     return batch, info
+
+
+def _attach_prefixes(batch: TrainBatch, row_prefix: list[int], prefixes: list[list[int]],
+                     cfg: TrajectoryConfig) -> TrainBatch:
+    """Add `prefix_tokens` / `prefix_mask` / `prefix_index` to a collated batch (`row_prefix`:
+    each real row's prefix, -1 for none). P is padded to `prefix_rows` or the row multiple,
+    Tp to `prefix_buckets` (or `buckets`); a row that shares nothing, and every padding row,
+    points at a prefix with no real token."""
+    b = batch.tokens.shape[0]
+    row_prefix = row_prefix + [-1] * (b - len(row_prefix))
+    needed = len(prefixes) + (-1 in row_prefix)  # the empty prefix follows the real ones
+    multiple = cfg.batch_multiple
+    if cfg.prefix_rows:
+        if any(p % multiple for p in cfg.prefix_rows):
+            raise ValueError(f"prefix_rows {cfg.prefix_rows} must be multiples of batch_multiple={multiple}")
+        fit = [p for p in sorted(cfg.prefix_rows) if p >= needed]
+        if not fit:
+            raise ValueError(f"{needed} shared prefixes exceed the largest of prefix_rows {cfg.prefix_rows}")
+        n_prefixes = fit[0]
+    else:
+        n_prefixes = -(-max(needed, 1) // multiple) * multiple
+    tp = bucket_length(max([len(p) for p in prefixes], default=1), cfg.prefix_buckets or cfg.buckets)
+    prefix_tokens = np.full((n_prefixes, tp), cfg.pad_id, np.int32)
+    prefix_mask = np.zeros((n_prefixes, tp), np.int32)
+    for k, p in enumerate(prefixes):
+        prefix_tokens[k, :len(p)] = p
+        prefix_mask[k, :len(p)] = 1
+    index = np.asarray([len(prefixes) if k < 0 else k for k in row_prefix], np.int32)
+    return batch.replace(prefix_tokens=prefix_tokens, prefix_mask=prefix_mask, prefix_index=index)
+
+
+def shape_episodes(cfg: TrajectoryConfig) -> list[Episode]:
+    """Episodes whose batch, collated under `cfg` to one length bucket (`buckets=(T,)`), has a
+    grouped rollout batch's tree and shapes, for `TrainStep.precompile`: with prefix sharing
+    on, a group of two sharing a prompt that fits the smallest prefix bucket (P from
+    `prefix_rows`); a longer prompt's batch compiles when it first comes."""
+    if not cfg.share_prefix_min or cfg.pack:
+        return [Episode([cfg.pad_id], [0], [0.0], [0])]
+    n = cfg.share_prefix_min + 2  # a prefix of share_prefix_min + 1 tokens, then one kept and one sampled
+    return [Episode([cfg.pad_id] * n, [0] * (n - 1) + [1], [0.0] * n, [0] * n, group_id=0) for _ in range(2)]
 
 
 def preference_pairs(pairs: Sequence[tuple[Episode, Episode]], cfg: TrajectoryConfig = TrajectoryConfig()) -> TrainBatch:

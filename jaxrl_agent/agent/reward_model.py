@@ -92,7 +92,9 @@ class RewardModel:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config, self.batch_size = model.config, batch_size
-        self.traj = replace(traj, batch_multiple=1, row_buckets=(batch_size,), pack=False, overflow="error")
+        # whole rows: the scorer reads the head at a row's own index (no shared prefixes)
+        self.traj = replace(traj, batch_multiple=1, row_buckets=(batch_size,), pack=False, overflow="error",
+                            share_prefix_min=0)
         graphdef, state = nnx.split(model)
         self.params = jax.tree.map(lambda x: jnp.array(x, copy=True), state)  # private copy, never donated
         self._score_rows = jax.jit(lambda params, *rows: _score_rows(graphdef, params, *rows))

@@ -56,7 +56,7 @@ from jaxrl_agent.train import sharding as sh
 from jaxrl_agent.train.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.train.weight_sync import policy_for_engine
-from jaxrl_agent.trajectory import Episode, collate
+from jaxrl_agent.trajectory import Episode, collate, shape_episodes
 
 
 class NoSignalError(RuntimeError):
@@ -142,11 +142,16 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         rows = rl.tasks_per_iter * rollout.group_size // procs.count
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
     traj = replace(traj, batch_multiple=mult)
+    if procs.count > 1 or rollout.group_size < 2:  # prefixes are per process (sharding.shard_local_batch)
+        traj = replace(traj, share_prefix_min=0)
+    elif traj.share_prefix_min:  # a group's prompt once; one prefix more for rows that share none
+        traj = replace(traj, prefix_rows=traj.prefix_rows or (-(-(rl.tasks_per_iter + 1) // mult) * mult,),
+                       prefix_buckets=traj.prefix_buckets or traj.buckets)
     # A batch pads to its longest episode's bucket. The smaller buckets compile at once, while
     # iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
     # that rollout's episodes needs it, else once iteration 1 is done: it does not compete with
     # the first rollout for the cores unless the first update needs it (benchmarks/bench_startup.py).
-    buckets, pad = sorted(traj.buckets), [Episode([traj.pad_id], [0], [0.0], [0])]
+    buckets, pad = sorted(traj.buckets), shape_episodes(traj)
     *smaller, top = [collate(pad, replace(traj, buckets=(t,)))[0] for t in buckets] if rl.precompile else [None]
     below_top = buckets[-2] if len(buckets) > 1 else 0
 

@@ -199,7 +199,8 @@ class CausalLM(nnx.Module):
 
     # ---- full forward (training, scoring) ----
 
-    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array,
+                      prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
         """Final normed hidden states `[B, T, D]` (param dtype) of a padded batch, no cache.
 
         Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]`, 1 on real tokens
@@ -207,6 +208,12 @@ class CausalLM(nnx.Module):
         Query t attends to keys j <= t (by index) with attention_mask > 0 and, for packed
         rows, the same segment id, so left, right and in-between padding all work; outputs at
         padded positions are finite garbage.
+          prefix: optional (prefix_tokens int32 `[P, Tp]`, prefix_mask `[P, Tp]` 1 on real
+        tokens, prefix_index int32 `[B]`), as in `TrainBatch`: row b continues the real tokens
+        of prefix `prefix_index[b]`, which every query of the row also sees (positions are
+        the caller's: a row's continue from its prefix's length). Each prefix runs through the
+        layers once, however many rows continue it; its keys and values are gathered per
+        row, so the hidden states equal those of the rows written out whole.
         """
         if tokens.ndim != 2 or positions.shape != tokens.shape or attention_mask.shape != tokens.shape:
             raise ValueError(
@@ -215,19 +222,44 @@ class CausalLM(nnx.Module):
             )
         t = tokens.shape[1]
         x = self._get("embed")[tokens]  # [B, T, D]
-        cos, sin = rope_tables(rope_inv_freq(self.config), positions)
+        inv_freq = rope_inv_freq(self.config)
+        cos, sin = rope_tables(inv_freq, positions)
         idx = jnp.arange(t)
         seg_q, seg_k = attention_mask[:, :, None], attention_mask[:, None, :]
         # Packed rows number their segments 1, 2, ... in attention_mask: a real query sees only
         # keys of its own segment. For 0/1 masks this is the plain padding mask.
         same = (seg_k == seg_q) | (seg_q == 0)
         mask = (idx[None, None, :] <= idx[None, :, None]) & (seg_k > 0) & same  # [B, T, T]
+        if prefix is None:
+            def body(x, p, layer):
+                q, k, v = self._qkv(p, x, cos, sin)
+                return self._finish_block(p, x, attention(q, k, v, mask, causal=True))
 
-        def body(x, p, layer):
+            x = self._layers(body, x)
+            return rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
+
+        prefix_tokens, prefix_mask, prefix_index = prefix
+        if prefix_tokens.ndim != 2 or prefix_mask.shape != prefix_tokens.shape or prefix_index.shape != tokens.shape[:1]:
+            raise ValueError(f"prefix_tokens {prefix_tokens.shape}, prefix_mask {prefix_mask.shape} must be [P, Tp] "
+                             f"and prefix_index {prefix_index.shape} [B={tokens.shape[0]}]")
+        tp = prefix_tokens.shape[1]
+        p_idx = jnp.arange(tp)
+        p_cos, p_sin = rope_tables(inv_freq, jnp.broadcast_to(p_idx, prefix_tokens.shape))
+        p_mask = (p_idx[None, None, :] <= p_idx[None, :, None]) & (prefix_mask[:, None, :] > 0)  # [P, Tp, Tp]
+        seen = jnp.broadcast_to(prefix_mask[prefix_index][:, None, :] > 0, (tokens.shape[0], t, tp))
+        row_mask = jnp.concatenate([seen, mask], axis=2)  # [B, T, Tp + T]: the prefix, then the row
+
+        def body(carry, p, layer):
+            xp, x = carry
+            qp, kp, vp = self._qkv(p, xp, p_cos, p_sin)  # [P, Tp, ...]
             q, k, v = self._qkv(p, x, cos, sin)
-            return self._finish_block(p, x, attention(q, k, v, mask, causal=True))
+            k = jnp.concatenate([kp[prefix_index], k], axis=1)  # [B, Tp + T, K, Dh]
+            v = jnp.concatenate([vp[prefix_index], v], axis=1)
+            # The last layer's prefix block feeds nothing; XLA drops it when the layers unroll.
+            xp = self._finish_block(p, xp, attention(qp, kp, vp, p_mask, causal=True))
+            return xp, self._finish_block(p, x, attention(q, k, v, row_mask, causal=True))
 
-        x = self._layers(body, x)
+        _, x = self._layers(body, (self._get("embed")[prefix_tokens], x))
         return rms_norm(x, self._get("final_norm"), self.config.rms_norm_eps)
 
     def unembedding(self) -> jax.Array:
@@ -336,20 +368,22 @@ class CausalLM(nnx.Module):
 
 def policy_outputs(
     model: CausalLM, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array, *, chunk_size: int = 64,
-    loss_mask: jax.Array | None = None,
+    loss_mask: jax.Array | None = None, prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None,
 ) -> PolicyOutputs:
     """Everything a loss needs from one forward pass of `model` over a padded batch.
 
     Args: tokens, positions int32 `[B, T]`; attention_mask `[B, T]` (1 on real tokens);
       loss_mask `[B, T]` optional: the positions the loss reads; logp / entropy are computed
-      only in chunks that hold one (0 elsewhere, `token_logprobs_and_entropy(mask=)`).
+      only in chunks that hold one (0 elsewhere, `token_logprobs_and_entropy(mask=)`);
+      prefix: optional shared prefixes the rows continue (`CausalLM.hidden_states`; the
+      outputs cover the rows' own tokens, so position 0 of a row is read as at t = 0).
     Returns:
       `PolicyOutputs(logp, entropy, values)`, float32 `[B, T]` each, aligned with `tokens`:
       `logp[:, t]` / `entropy[:, t]` as in `token_logprobs_and_entropy` (0 at t = 0), and
       `values[:, t]` = V(tokens[:, :t]), the critic's value of the state in which `tokens[:, t]`
       was chosen (read from position t - 1; 0 at t = 0). `values` is None without a value head.
     """
-    hidden = model.hidden_states(tokens, positions, attention_mask)
+    hidden = model.hidden_states(tokens, positions, attention_mask, prefix)
     logp, entropy = token_logprobs_and_entropy(hidden, model.unembedding(), tokens, chunk_size=chunk_size,
                                                mask=loss_mask)
     values = None

@@ -80,8 +80,10 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
         k `[B, K, Dh, S]` and v `[B, K, S, Dh]` (the KV cache's layouts, so decoding never
         transposes the cache).
       mask: bool `[B, T, S]`, True where query t may attend to key s.
-      causal: promise that S == T and mask[b, t, s] is False for s > t (static). Queries then
-        run in blocks and block i skips the keys after its last query, which mask hides anyway.
+      causal: promise that the last T keys are the queries' own, in order, and mask[b, t, s]
+        is False for s > S - T + t (static; S == T is plain causal attention, S > T puts a
+        prefix of S - T keys before them). Queries then run in blocks and block i skips the
+        keys after its last query, which mask hides anyway.
     Returns:
       `[B, T, H, Dh]` in v's dtype. Scores and softmax in float32.
 
@@ -99,8 +101,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
         k_eq = "bkqd,bksd->bkqs"
     kv, s_len = v.shape[1], v.shape[2]
     g = h // kv
-    if causal and s_len != t:
-        raise ValueError(f"causal attention needs S == T, got q {q.shape}, k {k.shape}")
+    if causal and s_len < t:
+        raise ValueError(f"causal attention needs S >= T, got q {q.shape}, k {k.shape}")
+    before = s_len - t if causal else 0  # keys ahead of the queries' own (a shared prefix)
     q = (q * (1.0 / math.sqrt(dh))).reshape(b, t, kv, g, dh).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, Dh]
     # Causal blocks: with C queries per block, block i needs keys [0, (i + 1) * C) only, which
     # skips ~half of the score work and keeps each block's scores small (the train step's time
@@ -111,7 +114,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
     # full [B, K, G, T, Dh] in the backward pass and add the pads up.
     for start, qi in zip(range(0, t, c), jnp.split(q, list(range(c, t, c)), axis=3)):
         stop = min(start + c, t)
-        n = stop if causal else s_len  # keys this block can see
+        n = before + stop if causal else s_len  # keys this block can see
         rows = stop - start
         qi = qi.reshape(b, kv, g * rows, dh)
         k_n = k[..., :n] if cache_layout else k[:, :, :n]

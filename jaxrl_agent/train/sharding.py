@@ -176,6 +176,10 @@ def shard_local_batch(batch, mesh: Mesh):
     """
     if jax.process_count() == 1:
         return shard_batch(batch, mesh)
+    if getattr(batch, "prefix_tokens", None) is not None:  # its prefix_index is local to this process's rows
+        raise ValueError("a batch with shared prefixes cannot be assembled from each process's rows (each "
+                         "process's prefix_index counts its own prefixes): collate with "
+                         "TrajectoryConfig.share_prefix_min=0 in a multi-process run")
     k = batch_size_multiple(mesh) // jax.process_count() or 1
     sharding = batch_sharding(mesh)
     for leaf in jax.tree.leaves(batch):

@@ -103,6 +103,24 @@ def _unsplit(x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
+# The shared prefixes are not rows: every micro- and mini-batch keeps all of them (its rows
+# index into them), and only the [B, ...] leaves are split or gathered.
+_SHARED = ("prefix_tokens", "prefix_mask")
+
+
+def _map_rows(fn: Callable, batch: TrainBatch) -> TrainBatch:
+    """`fn` applied to every row leaf of `batch`; the shared prefixes stay as they are."""
+    shared = {k: getattr(batch, k) for k in _SHARED}
+    return jax.tree.map(fn, batch.replace(**dict.fromkeys(_SHARED))).replace(**shared)
+
+
+def _split_rows(batch: TrainBatch, n: int) -> tuple[TrainBatch, dict]:
+    """(row leaves split into n micro-batches, without the prefixes; the prefixes): what a
+    `lax.map` / `lax.scan` over micro-batches takes as xs and as a constant."""
+    shared = {k: getattr(batch, k) for k in _SHARED}
+    return jax.tree.map(lambda x: _split(x, n), batch.replace(**dict.fromkeys(_SHARED))), shared
+
+
 class TrainStep:
     """A compiled train step and the shardings it was built for (see `make_train_step`).
 
@@ -269,15 +287,16 @@ class TrainStep:
         rows = jax.lax.with_sharding_constraint(rows, self.batch_sharding)
         return policy_outputs(self._model(params), rows.tokens, rows.positions, rows.attention_mask,
                               chunk_size=self.cfg.logp_chunk_size,
-                              loss_mask=rows.loss_mask if self.cfg.logp_loss_chunks_only else None)
+                              loss_mask=rows.loss_mask if self.cfg.logp_loss_chunks_only else None,
+                              prefix=rows.prefix)
 
     def _outputs(self, params: dict, batch: TrainBatch) -> PolicyOutputs:
         """PolicyOutputs of the full batch, computed micro-batch by micro-batch (no grad)."""
         n = self._micro(batch)
         if n == 1:
             return self._forward(params, batch)
-        micro = jax.tree.map(lambda x: _split(x, n), batch)
-        outs = jax.lax.map(lambda rows: self._forward(params, rows), micro)
+        micro, shared = _split_rows(batch, n)
+        outs = jax.lax.map(lambda rows: self._forward(params, rows.replace(**shared)), micro)
         return jax.tree.map(_unsplit, outs)
 
     def _micro(self, batch: TrainBatch) -> int:
@@ -325,11 +344,12 @@ class TrainStep:
         else:
             out = self._outputs(self._policy(trainable, frozen), batch)  # pass 1: [B, T], no grad
             (loss, metrics), g_out = jax.value_and_grad(loss_of_outputs, has_aux=True)(out)
-            micro = jax.tree.map(lambda x: _split(x, n), batch)
+            micro, shared = _split_rows(batch, n)
             g_micro = jax.tree.map(lambda x: _split(x, n), g_out)
 
             def pull_back(acc, xs):  # pass 2: vjp of one micro-batch's forward with its rows of g
                 rows, g_rows = xs
+                rows = rows.replace(**shared)
                 _, vjp = jax.vjp(lambda p: self._forward(self._policy(p, frozen), rows), trainable)
                 return jax.tree.map(jnp.add, acc, vjp(g_rows)[0]), None
 
@@ -363,7 +383,7 @@ class TrainStep:
         def update(carry, rows):
             params, opt_state = carry
             mb = batch if m == 1 else jax.lax.with_sharding_constraint(
-                jax.tree.map(lambda x: x[rows], batch), self.batch_sharding)
+                _map_rows(lambda x: x[rows], batch), self.batch_sharding)
             loss, metrics, grads = self._loss_and_grads(params, state.frozen, mb)
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             metrics["update_norm"] = optax.tree.norm(updates)
