@@ -13,8 +13,8 @@ are turned off unless `--trl_defaults`: our side does neither, and bf16 matmuls 
 without bf16 units are several times slower); one GRPO update over all completions: token-mean
 over the batch (TRL's "dapo"), clip 0.2, AdamW, no KL, one update per batch. Both sides
 compute the same loss and gradient; ours runs a group's shared prompt through the forward and
-backward passes once (`TrajectoryConfig.share_prefix_min`, the library's default), TRL once
-per completion; `--whole_rows` turns that off to show what it saves.
+backward passes once (`TrajectoryConfig.share_prefix_min`, which the RL loop turns on when a
+batch is one update), TRL once per completion; `--whole_rows` turns it off.
 
 Interleaving: TRL's own training loop runs (`trainer.train()`), and a callback runs one of our
 iterations after each of TRL's steps, so background load hits both alike. TRL runs twice,
@@ -89,11 +89,10 @@ class Ours:
                                   self.model)
         self.state = self.ts.init_state(self.model, seed=0)
         # length buckets every 64 tokens: a batch pads to its longest row, as TRL's does; a
-        # group's shared prompt trains once (TrajectoryConfig.share_prefix_min, on by default),
-        # padded to a multiple of 32 (0 with --whole_rows: every row its whole prompt)
+        # group's shared prompt trains once, padded to a multiple of 32 (0 with --whole_rows)
         self.traj = TrajectoryConfig(buckets=tuple(range(64, longest + 64, 64)),
                                      prefix_buckets=tuple(range(32, longest + 32, 32)),
-                                     share_prefix_min=0 if args.whole_rows else TrajectoryConfig.share_prefix_min,
+                                     share_prefix_min=0 if args.whole_rows else 32,
                                      batch_multiple=self.ts.mesh.devices.size)
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), SamplingConfig(
             temperature=1.0, max_new_tokens=args.new, batch_size=self.rows, cache_size=self.traj.buckets[-1],

@@ -170,15 +170,19 @@ class OursAgent:
         self.ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=args.lr)),
                                   TrainConfig(loss=LossConfig(agg="token-mean", kl_coef=0.0)), model)
         self.state = self.ts.init_state(model, seed=0)
-        self.traj = TrajectoryConfig(buckets=tuple(range(128, MAX_TOTAL + 128, 128)),
-                                     batch_multiple=self.ts.mesh.devices.size)
+        # a group's shared first prompt trains once (as the RL loop does when a batch is one
+        # update; 0 with --whole_rows), in one prefix shape: up to 256 tokens, the tasks' prompts
+        mult = self.ts.mesh.devices.size
+        self.traj = TrajectoryConfig(buckets=tuple(range(128, MAX_TOTAL + 128, 128)), batch_multiple=mult,
+                                     prefix_buckets=(256,), prefix_rows=(-(-(args.tasks + 1) // mult) * mult,),
+                                     share_prefix_min=0 if args.whole_rows else 32)
         sampling = episode_engine(tok, RolloutConfig(max_total_tokens=MAX_TOTAL))
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), sampling)
         self.engine.warmup()  # every prefill / decode bucket, and every train-step length bucket:
-        from jaxrl_agent.trajectory import Episode, collate  # the timed iterations compile nothing
+        from jaxrl_agent.trajectory import collate, shape_episodes  # the timed iterations compile nothing
 
         rows = -(-args.tasks * args.group // self.traj.batch_multiple) * self.traj.batch_multiple
-        pad = [Episode([tok.pad_id], [0], [0.0], [0])]
+        pad = shape_episodes(replace(self.traj, pad_id=tok.pad_id))
         for f in self.ts.precompile([collate(pad, replace(self.traj, buckets=(t,), row_buckets=(rows,)))[0]
                                      for t in self.traj.buckets]):
             f.result()
@@ -278,6 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", default="default,1")
     ap.add_argument("--settings", choices=("default", "rl_default", "study"), default="default",
                     help="the episode loop's settings, the same for both sides (module docstring)")
+    ap.add_argument("--whole_rows", action="store_true",
+                    help="our update runs every row's first prompt (no shared prefixes), as TRL's does")
     ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_<settings>].json")
     args = ap.parse_args(argv)
     args.out = args.out or os.path.join(HERE, "results", "vs_trl_agent.json" if args.settings == "default"

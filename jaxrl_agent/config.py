@@ -128,13 +128,16 @@ class TrajectoryConfig:
     row_buckets: tuple[int, ...] = ()
     """Allowed row counts B (multiples of batch_multiple), so a varying number of episodes
     compiles a bounded number of shapes; empty: any multiple of batch_multiple."""
-    share_prefix_min: int = 32
+    share_prefix_min: int | None = None
     """Rows of one group (`Episode.group_id`) whose episodes begin with the same tokens, more
     than this many and none of them a loss token (a GRPO group's prompt), train on that
     prefix once: it goes to `TrainBatch.prefix_tokens` and each row keeps the rest, so the
     forward and backward passes run the prompt once per group instead of once per row (the
-    gradient is the same up to float summation order; benchmarks/bench_vs_trl.py times the
-    update both ways). 0 pads every episode whole; ignored with `pack`."""
+    gradient is the same up to float summation order). It pays when a prompt is a large part
+    of each row and a batch is one update (benchmarks/bench_vs_trl.py); with mini-batches every
+    mini-batch runs every prefix and its rows' queries attend to the padded prefix, which costs
+    more than it saves. 0 pads every episode whole (ignored with `pack`); None: whole rows,
+    except in the RL loop, which shares (32) when a batch is one update (num_mini_batches 1)."""
     prefix_buckets: tuple[int, ...] = ()
     """Allowed prefix lengths Tp; empty: `buckets`."""
     prefix_rows: tuple[int, ...] = ()

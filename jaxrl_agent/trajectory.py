@@ -200,9 +200,9 @@ def _shared_prefixes(eps: Sequence[Episode], min_len: int, max_len: int) -> tupl
 
     A group (`group_id`) of at least two episodes shares the longest start all of them have
     in common that holds no loss token; its prefix is that start minus its last token (which
-    each row keeps) cut to at most `max_len` tokens, if at least `min_len` long. Returns (prefix_of, cuts, prefixes):
-    episode i continues `prefixes[prefix_of[i]]` and its row starts at token `cuts[i]`
-    (prefix_of -1 and cut 0 for an episode that shares nothing).
+    each row keeps), cut to at most `max_len` tokens, if at least `min_len` long. Returns
+    (prefix_of, cuts, prefixes): episode i continues `prefixes[prefix_of[i]]` and its row
+    starts at token `cuts[i]` (prefix_of -1 and cut 0 for an episode that shares nothing).
     """
     members: dict[int, list[int]] = {}
     for i, ep in enumerate(eps):
@@ -278,7 +278,7 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
         raise ValueError(f"batch_multiple must be >= 1, got {cfg.batch_multiple}")
     eps, truncated = _fit(episodes, cfg)
     prefix_of, cuts, prefixes = [-1] * len(eps), [0] * len(eps), []
-    if cfg.share_prefix_min > 0 and not cfg.pack:  # a packed row holds several episodes
+    if cfg.share_prefix_min and not cfg.pack:  # a packed row holds several episodes
         prefix_of, cuts, prefixes = _shared_prefixes(eps, cfg.share_prefix_min, max(cfg.prefix_buckets or cfg.buckets))
     if cfg.pack:
         if any(ep.reward != 0.0 or ep.turn_rewards for ep in eps):

@@ -167,3 +167,37 @@ def test_mini_batches_keep_every_prefix():
         assert float(metrics["num_updates"]) == 4
     for k in after[0]:
         np.testing.assert_allclose(np.asarray(after[1][k]), np.asarray(after[0][k]), atol=2e-6, err_msg=k)
+
+
+# ---- where the RL loop shares ----
+def test_rl_loop_shares_prompts_when_a_batch_is_one_update():
+    from jaxrl_agent.config import RLConfig, RolloutConfig
+    from jaxrl_agent.loops.rl import SHARE_PREFIX_MIN, rollout_batch_config
+    from jaxrl_agent.trajectory import shape_episodes
+
+    rl, rollout, traj = RLConfig(tasks_per_iter=6), RolloutConfig(group_size=8), TrajectoryConfig(buckets=(256, 512))
+    assert TrajectoryConfig().share_prefix_min is None and collate(grouped_episodes(), WHOLE)[0].prefix_tokens is None
+    one = rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2)
+    assert (one.share_prefix_min, one.prefix_rows, one.prefix_buckets) == (SHARE_PREFIX_MIN, (8,), (256, 512))
+    assert one.row_buckets == (48,)
+    # with mini-batches every mini-batch would run every prefix: whole rows
+    assert rollout_batch_config(traj, rl, rollout, TrainConfig(num_mini_batches=4), mult=2).share_prefix_min == 0
+    # an explicit setting wins; processes and groups of one never share
+    assert rollout_batch_config(replace(traj, share_prefix_min=8), rl, rollout, TrainConfig(num_mini_batches=4),
+                                mult=2).share_prefix_min == 8
+    assert rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, processes=2).share_prefix_min == 0
+    assert rollout_batch_config(traj, rl, RolloutConfig(group_size=1), TrainConfig(), mult=2).share_prefix_min == 0
+    # the batch the loop precompiles has a rollout batch's tree and shapes
+    shaped = collate(shape_episodes(one), replace(one, buckets=(256,)))[0]
+    rng = np.random.default_rng(0)
+    rollout_eps = []
+    for task in range(6):  # 6 tasks x 8 episodes, prompts of 40-80 tokens
+        prompt = rng.integers(0, 128, int(rng.integers(40, 80))).tolist()
+        for _ in range(8):
+            n = int(rng.integers(3, 30))
+            rollout_eps.append(Episode(prompt + rng.integers(0, 128, n).tolist(), [0] * len(prompt) + [1] * n,
+                                       [0.0] * (len(prompt) + n), [0] * (len(prompt) + n), 1.0, task))
+    real = collate(rollout_eps, replace(one, buckets=(256,)))[0]
+    assert real.prefix_tokens is not None
+    assert jax.tree.structure(shaped) == jax.tree.structure(real)
+    assert [x.shape for x in jax.tree.leaves(shaped)] == [x.shape for x in jax.tree.leaves(real)]

@@ -58,6 +58,9 @@ from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.train.weight_sync import policy_for_engine
 from jaxrl_agent.trajectory import Episode, collate, shape_episodes
 
+# TrajectoryConfig.share_prefix_min=None in the loop: share a group's prompt once a batch is one update
+SHARE_PREFIX_MIN = 32
+
 
 class NoSignalError(RuntimeError):
     """The starting policy never succeeds on the training tasks: RL has nothing to reinforce.
@@ -138,15 +141,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     if mult % procs.count:
         raise ValueError(f"the mesh's data*fsdp={mult} rows must split evenly over {procs.count} processes")
     mult //= procs.count  # rows of this process
-    if not traj.row_buckets:  # one row count per run (dropped episodes become padding rows): one compile
-        rows = rl.tasks_per_iter * rollout.group_size // procs.count
-        traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
-    traj = replace(traj, batch_multiple=mult)
-    if procs.count > 1 or rollout.group_size < 2:  # prefixes are per process (sharding.shard_local_batch)
-        traj = replace(traj, share_prefix_min=0)
-    elif traj.share_prefix_min:  # a group's prompt once; one prefix more for rows that share none
-        traj = replace(traj, prefix_rows=traj.prefix_rows or (-(-(rl.tasks_per_iter + 1) // mult) * mult,),
-                       prefix_buckets=traj.prefix_buckets or traj.buckets)
+    traj = rollout_batch_config(traj, rl, rollout, train, mult, procs.count)
     # A batch pads to its longest episode's bucket. The smaller buckets compile at once, while
     # iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
     # that rollout's episodes needs it, else once iteration 1 is done: it does not compete with
@@ -367,6 +362,28 @@ def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
     from jaxrl_agent.agent.reward_model import RewardModel, load_reward_model
 
     return RewardModel(load_reward_model(rewards.reward_model_path), traj, batch_size=rewards.score_batch_size)
+
+
+def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutConfig, train: TrainConfig,
+                         mult: int, processes: int = 1) -> TrajectoryConfig:
+    """How the loop collates its rollout batches (`mult`: this process's row multiple): one row
+    count per run (dropped episodes become padding rows), so one compile per length bucket;
+    and `share_prefix_min=None` resolved: a group's prompt is shared (SHARE_PREFIX_MIN) when a
+    batch is one update, not with mini-batches (TrajectoryConfig.share_prefix_min says why),
+    never across processes (sharding.shard_local_batch) or in groups of one. With sharing, P is
+    fixed too: a prefix per task and one for rows that share none."""
+    if not traj.row_buckets:
+        rows = rl.tasks_per_iter * rollout.group_size // processes
+        traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
+    traj = replace(traj, batch_multiple=mult)
+    if traj.share_prefix_min is None:
+        traj = replace(traj, share_prefix_min=SHARE_PREFIX_MIN if train.num_mini_batches == 1 else 0)
+    if processes > 1 or rollout.group_size < 2:
+        return replace(traj, share_prefix_min=0)
+    if traj.share_prefix_min:
+        traj = replace(traj, prefix_rows=traj.prefix_rows or (-(-(rl.tasks_per_iter + 1) // mult) * mult,),
+                       prefix_buckets=traj.prefix_buckets or traj.buckets)
+    return traj
 
 
 def _local_batch(kept: list[Episode], traj: TrajectoryConfig, procs: Processes):
