@@ -177,8 +177,11 @@ def test_rl_loop_shares_prompts_when_a_batch_is_one_update():
 
     rl, rollout, traj = RLConfig(tasks_per_iter=6), RolloutConfig(group_size=8), TrajectoryConfig(buckets=(256, 512))
     assert TrajectoryConfig().share_prefix_min is None and collate(grouped_episodes(), WHOLE)[0].prefix_tokens is None
-    one = rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2)
-    assert (one.share_prefix_min, one.prefix_rows, one.prefix_buckets) == (SHARE_PREFIX_MIN, (8,), (256, 512))
+    one = rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 80)
+    # one prefix shape per run: the bucket of the tasks' longest prompt
+    assert (one.share_prefix_min, one.prefix_rows, one.prefix_buckets) == (SHARE_PREFIX_MIN, (8,), (256,))
+    assert rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 300).prefix_buckets == (512,)
+    assert rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 900).prefix_buckets == (512,)
     assert one.row_buckets == (48,)
     # with mini-batches every mini-batch would run every prefix: whole rows
     assert rollout_batch_config(traj, rl, rollout, TrainConfig(num_mini_batches=4), mult=2).share_prefix_min == 0

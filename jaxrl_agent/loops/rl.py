@@ -31,12 +31,13 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Callable, Sequence
 
 import numpy as np
 
 from jaxrl_agent.agent.evaluation import summarize_episodes
 from jaxrl_agent.agent.rewards import RewardComposer
-from jaxrl_agent.agent.rollout import collect_episodes, group_signal, trainable
+from jaxrl_agent.agent.rollout import collect_episodes, episode_prompt, group_signal, trainable
 from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig,
                                 TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
@@ -51,12 +52,12 @@ from jaxrl_agent.loops.offline import DataIterator
 from jaxrl_agent.losses.registry import LOSSES, RL_LOSSES
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import episode_engine
-from jaxrl_agent.tokenizer import ChatFormat
+from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
 from jaxrl_agent.train import sharding as sh
 from jaxrl_agent.train.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.train.weight_sync import policy_for_engine
-from jaxrl_agent.trajectory import Episode, collate, shape_episodes
+from jaxrl_agent.trajectory import Episode, bucket_length, collate, shape_episodes
 
 # TrajectoryConfig.share_prefix_min=None in the loop: share a group's prompt once a batch is one update
 SHARE_PREFIX_MIN = 32
@@ -141,7 +142,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
     if mult % procs.count:
         raise ValueError(f"the mesh's data*fsdp={mult} rows must split evenly over {procs.count} processes")
     mult //= procs.count  # rows of this process
-    traj = rollout_batch_config(traj, rl, rollout, train, mult, procs.count)
+    traj = rollout_batch_config(traj, rl, rollout, train, mult, procs.count,
+                                prompt_len=lambda: _longest_prompt(train_tasks, chat, rollout))
     # A batch pads to its longest episode's bucket. The smaller buckets compile at once, while
     # iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
     # that rollout's episodes needs it, else once iteration 1 is done: it does not compete with
@@ -365,13 +367,16 @@ def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
 
 
 def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutConfig, train: TrainConfig,
-                         mult: int, processes: int = 1) -> TrajectoryConfig:
+                         mult: int, processes: int = 1, prompt_len: Callable[[], int] | None = None
+                         ) -> TrajectoryConfig:
     """How the loop collates its rollout batches (`mult`: this process's row multiple): one row
     count per run (dropped episodes become padding rows), so one compile per length bucket;
     and `share_prefix_min=None` resolved: a group's prompt is shared (SHARE_PREFIX_MIN) when a
     batch is one update, not with mini-batches (TrajectoryConfig.share_prefix_min says why),
-    never across processes (sharding.shard_local_batch) or in groups of one. With sharing, P is
-    fixed too: a prefix per task and one for rows that share none."""
+    never across processes (sharding.shard_local_batch) or in groups of one. With sharing the
+    prefixes have one shape per run, which the loop precompiles: P a prefix per task and one
+    for rows that share none, Tp the bucket of `prompt_len()` (the tasks' longest prompt; a
+    longer one shares that many tokens) unless `prefix_buckets` is set."""
     if not traj.row_buckets:
         rows = rl.tasks_per_iter * rollout.group_size // processes
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
@@ -381,9 +386,20 @@ def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutC
     if processes > 1 or rollout.group_size < 2:
         return replace(traj, share_prefix_min=0)
     if traj.share_prefix_min:
+        prefix_buckets = traj.prefix_buckets
+        if not prefix_buckets:
+            longest = min(prompt_len() - 1, max(traj.buckets)) if prompt_len else max(traj.buckets)
+            prefix_buckets = (bucket_length(max(longest, traj.share_prefix_min), traj.buckets),)
         traj = replace(traj, prefix_rows=traj.prefix_rows or (-(-(rl.tasks_per_iter + 1) // mult) * mult,),
-                       prefix_buckets=traj.prefix_buckets or traj.buckets)
+                       prefix_buckets=prefix_buckets)
     return traj
+
+
+def _longest_prompt(tasks: Sequence[Task], chat: ChatFormat, rollout: RolloutConfig, sample: int = 512) -> int:
+    """Tokens in the longest first prompt (system, tools, task) among up to `sample` tasks."""
+    step = max(1, len(tasks) // sample)
+    return max(EpisodeBuilder(chat, episode_prompt(t, rollout.system_prompt), chat.tool_schemas).prompt_len
+               for t in tasks[::step][:sample])
 
 
 def _local_batch(kept: list[Episode], traj: TrajectoryConfig, procs: Processes):
