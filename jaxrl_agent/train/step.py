@@ -108,17 +108,22 @@ def _unsplit(x: jax.Array) -> jax.Array:
 _SHARED = ("prefix_tokens", "prefix_mask")
 
 
+def _without_prefixes(batch: TrainBatch) -> tuple[TrainBatch, dict]:
+    """(`batch` with only its row leaves, its shared prefixes by field name)."""
+    return batch.replace(**dict.fromkeys(_SHARED)), {k: getattr(batch, k) for k in _SHARED}
+
+
 def _map_rows(fn: Callable, batch: TrainBatch) -> TrainBatch:
     """`fn` applied to every row leaf of `batch`; the shared prefixes stay as they are."""
-    shared = {k: getattr(batch, k) for k in _SHARED}
-    return jax.tree.map(fn, batch.replace(**dict.fromkeys(_SHARED))).replace(**shared)
+    rows, shared = _without_prefixes(batch)
+    return jax.tree.map(fn, rows).replace(**shared)
 
 
 def _split_rows(batch: TrainBatch, n: int) -> tuple[TrainBatch, dict]:
     """(row leaves split into n micro-batches, without the prefixes; the prefixes): what a
     `lax.map` / `lax.scan` over micro-batches takes as xs and as a constant."""
-    shared = {k: getattr(batch, k) for k in _SHARED}
-    return jax.tree.map(lambda x: _split(x, n), batch.replace(**dict.fromkeys(_SHARED))), shared
+    rows, shared = _without_prefixes(batch)
+    return jax.tree.map(lambda x: _split(x, n), rows), shared
 
 
 class TrainStep:
