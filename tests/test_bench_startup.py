@@ -16,6 +16,10 @@ def test_split_reads_iteration_one_and_leaves_the_rest(bench, tmp_path):
              {"step": 1, "time": 2.0, "time/rollout": 12.5, "time/reward": 0.25, "time/train": 7.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert bench._split(str(tmp_path), 30.0) == {"rollout": 12.5, "reward": 0.25, "train": 7.0, "rest": 10.25}
+    lines[1]["time/compile"] = 9.5  # the RL loop's JAX compile seconds: reported beside the parts, not one of them
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert bench._split(str(tmp_path), 30.0) == {"rollout": 12.5, "reward": 0.25, "train": 7.0, "rest": 10.25,
+                                                 "compile": 9.5}
 
 
 def test_split_of_a_run_that_never_trained_is_empty(bench, tmp_path):

@@ -314,5 +314,6 @@ def test_one_step_off_policy_rollouts(sft_model, tok, tmp_path):
     assert min(it["train/logp_gap_mean"] for it in moving[1:]) > 10 * moving[0]["train/logp_gap_mean"]  # ... later ones lag
     assert all(np.isfinite(it["train/tis_weight_mean"]) and it["train/tis_weight_mean"] > 0 for it in moving)
     assert moving[-1]["time/rollout_wait"] >= 0.0  # the update's wait for the overlapped rollout is timed
+    assert 0 < sync[0]["time/compile"] <= sync[-1]["time/compile"]  # JAX's compile seconds so far, logged
     with pytest.raises(ValueError, match="max_staleness=2"):
         train_rl(sft_model, tok, rl=rl_config(tmp_path / "bad", max_staleness=2), optim=OptimConfig(), **kw)

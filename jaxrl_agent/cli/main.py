@@ -173,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_agent.loops.rl import NoSignalError
     from jaxrl_agent.train.sharding import initialize_distributed
 
+    from jaxrl_agent.loops.metrics import watch_compiles
+
     enable_compile_cache(args.compile_cache)  # the second run of a job loads its compiles from disk
+    watch_compiles()  # the RL loop logs time/compile: how much of the wait was JAX compiling
     initialize_distributed()  # multi-host only when the launcher's environment asks for it
     try:
         fn(cfg)

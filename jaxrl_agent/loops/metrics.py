@@ -2,6 +2,7 @@
 
     log = MetricsLogger("runs/x")              # runs/x/metrics.jsonl (+ TensorBoard events)
     log.log(step, {"reward": 0.5, "eval": {"pass1": 0.2}})   # nested dicts -> "eval/pass1"
+    watch_compiles(); ...; compile_seconds()   # JAX's compile time in this process so far
     with progress_bar(total=64, description="rollout") as advance: ... advance(n_done, n_total)
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 from typing import Any, Iterator
 
@@ -93,6 +95,40 @@ class Timer:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+# JAX's own timings of what happens before a program first runs: tracing, lowering to MLIR, and
+# the backend compile (a persistent compilation cache hit is timed there too: reading it back).
+_COMPILE_EVENTS = frozenset(("/jax/core/compile/jaxpr_trace_duration",
+                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                             "/jax/core/compile/backend_compile_duration"))
+_compiles = {"seconds": 0.0, "watching": False}
+_compiles_lock = threading.Lock()
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        with _compiles_lock:
+            _compiles["seconds"] += seconds
+
+
+def watch_compiles() -> None:
+    """Start adding up JAX's compile time in this process (idempotent; JAX listeners cannot be
+    removed, so there is one for the process)."""
+    with _compiles_lock:
+        if _compiles["watching"]:
+            return
+        _compiles["watching"] = True
+    import jax.monitoring
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+
+
+def compile_seconds() -> float:
+    """Seconds JAX spent tracing, lowering and compiling (or reading from the persistent cache)
+    since the first `watch_compiles`, summed over threads: a compile on a background thread
+    (the engine's warm-up, the train step's precompile) overlaps other work."""
+    return _compiles["seconds"]
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
 from jaxrl_agent.env.verifier import load_checked_tasks, verify
 from jaxrl_agent.loops.evaluate import collect_share, evaluate, gather_episodes
-from jaxrl_agent.loops.metrics import MetricsLogger, Timer, progress_bar
+from jaxrl_agent.loops.metrics import MetricsLogger, Timer, compile_seconds, progress_bar, watch_compiles
 from jaxrl_agent.loops.multihost import Processes
 from jaxrl_agent.loops.offline import DataIterator
 from jaxrl_agent.losses.registry import LOSSES, RL_LOSSES
@@ -109,6 +109,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         raise ValueError(f"rl.algo must be an RL loss in {RL_LOSSES}, got {rl.algo!r}")
     if train.loss.kl_coef and not train.use_ref:  # rollout batches carry no ref_logp: fail before any rollout
         raise ValueError(f"train.loss.kl_coef={train.loss.kl_coef} needs a reference policy: set train.use_ref=true")
+    watch_compiles()  # time/compile (a no-op if the CLI already watches)
     chat = ChatFormat(tokenizer, tool_style=tool_style)
     sampling = episode_engine(tokenizer, rollout, sampling, seed=rl.seed)
     if max(traj.buckets) < rollout.max_total_tokens:
@@ -310,7 +311,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                                       procs=procs)[0]
                     metrics["eval"] = _eval_scalars(ev)
                     keep_best(it, ev)
-                metrics["time"] = dict(timer.seconds)
+                metrics["time"] = {**timer.seconds, "compile": compile_seconds()}
                 if sandbox.memo is not None:  # so far, all processes: calls executed / answered by an identical one
                     metrics["sandbox"] = procs.sum({"calls_run": sandbox.memo.runs, "calls_shared": sandbox.memo.hits})
                 result["iterations"].append(log.log(it, metrics))
