@@ -143,14 +143,32 @@ class Agent:
                                          **({"verify_test_timeout_s": STUDY_TEST_LIMIT_S} if study else {}))
 
     def rollout(self, tasks, engine, sandbox, group: int, seed: int):
+        """(episodes, where the time went): `collect_episodes`' stats plus `env_cpu_s`, the CPU
+        seconds the sandbox's workers and their children spent on this rollout's tool calls
+        and verifications (None if a worker was replaced meanwhile)."""
         from jaxrl_agent.agent.rollout import collect_episodes
         from jaxrl_agent.env.sandbox_memo import CallMemo
 
         if sandbox.memo is not None:  # emptied per rollout: the RL loop draws new tasks each iteration,
             # so only one rollout's calls share; this benchmark reruns the same tasks
             sandbox.memo = CallMemo(sandbox.memo.max_entries)
-        return collect_episodes(tasks, engine, self.chat, sandbox, replace(self.rollout_cfg, group_size=group),
-                                self.tool_cfg, seed=seed)
+        pids, cpu0 = sandbox.worker_pids(), worker_cpu_s(sandbox.worker_pids())
+        eps, stats = collect_episodes(tasks, engine, self.chat, sandbox, replace(self.rollout_cfg, group_size=group),
+                                      self.tool_cfg, seed=seed)
+        same = sandbox.worker_pids() == pids
+        return eps, {"sampling_s": stats.seconds_sampling,
+                     "env_cpu_s": worker_cpu_s(pids) - cpu0 if same else None}
+
+
+def worker_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, with waited-for children: the jailed runs) of these
+    processes so far, from /proc (Linux, as the sandbox itself)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime (stat fields 14-17)
+    return total / tick
 
 
 class OursAgent:
@@ -193,22 +211,22 @@ class OursAgent:
         from jaxrl_agent.trajectory import collate
 
         t0 = time.perf_counter()
-        eps, _ = self.agent.rollout(self.agent.tasks, self.engine, self.sandbox, self.group,
-                                    seed=1000 * self.iteration)
+        eps, env = self.agent.rollout(self.agent.tasks, self.engine, self.sandbox, self.group,
+                                      seed=1000 * self.iteration)
         t1 = time.perf_counter()
         self.state, metrics = self.ts(self.state, collate(eps, self.traj)[0])
         self._refresh()
         float(metrics["loss"])
         t2 = time.perf_counter()
         self.iteration += 1
-        return _row(eps, t2 - t0, t1 - t0, t2 - t1)
+        return _row(eps, t2 - t0, t1 - t0, t2 - t1, env)
 
 
-def _row(eps, s: float, gen_s: float, update_s: float) -> dict:
+def _row(eps, s: float, gen_s: float, update_s: float, env: dict) -> dict:
     policy = sum(int(np.sum(e.loss_mask)) for e in eps)
     return {"s": s, "generation_s": gen_s, "update_s": update_s, "new_tokens": policy,
             "tokens": sum(len(e) for e in eps), "success": float(np.mean([e.reward for e in eps])),
-            "turns": float(np.mean([max(e.turn_id) + 1 for e in eps]))}
+            "turns": float(np.mean([max(e.turn_id) + 1 for e in eps])), **env}
 
 
 def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent, sandbox) -> dict:
@@ -233,9 +251,9 @@ def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent, sandbox) -
         g0 = time.perf_counter()
         engine = TorchEngine(trainer.model, sampling, hf_tok.pad_token_id)
         trainer.model.eval()
-        eps, _ = agent.rollout([agent.by_prompt[p] for p in prompts], engine, sandbox, 1, seed=10_000 + len(rows))
+        eps, env = agent.rollout([agent.by_prompt[p] for p in prompts], engine, sandbox, 1, seed=10_000 + len(rows))
         trainer.model.train()
-        gen["s"], gen["eps"] = time.perf_counter() - g0, eps
+        gen.update(s=time.perf_counter() - g0, eps=eps, env=env)
         cut = [len(agent.chat.tokenizer.encode(p)) for p in prompts]
         return {"prompt_ids": [e.ids[:c] for e, c in zip(eps, cut)],
                 "completion_ids": [e.ids[c:] for e, c in zip(eps, cut)],
@@ -265,7 +283,7 @@ def trl_agent_pass(agent: Agent, args, threads: int, ours: OursAgent, sandbox) -
 
         def on_step_end(self, *a, **kw):
             s = time.perf_counter() - clock["start"]
-            rows.append({"trl": _row(gen["eps"], s, gen["s"], s - gen["s"]), "ours": ours.step()})
+            rows.append({"trl": _row(gen["eps"], s, gen["s"], s - gen["s"], gen["env"]), "ours": ours.step()})
 
     trainer.add_callback(Interleave())
     trainer.train()
@@ -303,7 +321,33 @@ def main(argv: list[str] | None = None) -> dict:
         passes = [trl_agent_pass(agent, args, torch.get_num_threads() if th == "default" else int(th), ours, trl_box)
                   for th in args.threads.split(",")]
     return single.report({"config": vars(args), "cpus": os.cpu_count(), "ours_first_iteration_s": first,
-                          "episodes": episodes_alike(passes)}, passes, args.out)
+                          "episodes": episodes_alike(passes), "environment": environment_floor(passes)},
+                         passes, args.out, show=("environment",))
+
+
+def environment_floor(passes: list[dict]) -> dict:
+    """What the environment alone costs each side, and what that leaves a 4x iteration.
+
+    `env_cpu_s`: CPU seconds of the sandbox's workers (tool calls and the verifier) in one
+    rollout; on this machine's cores that is at least `env_cpu_s / cores` seconds of wall time
+    whatever the engine, and the engine and the update share those same cores. So an iteration
+    4x TRL's faster setting needs our sampling and update to fit in
+    `trl_s / 4 - env_cpu_s / cores` (`left_for_engine_and_update_s`; negative: no engine can)."""
+    rows = [r for p in passes for r in p["rows"]]
+    cores = os.cpu_count()
+
+    def med(side, k):
+        vals = [r[side][k] for r in rows if r[side].get(k) is not None]
+        return float(np.median(vals)) if vals else None
+
+    out = {side: {k: med(side, k) for k in ("env_cpu_s", "sampling_s")} for side in ("ours", "trl")}
+    trl_s = min(single.steady(p["rows"], "trl")["s"] for p in passes)
+    env = out["ours"]["env_cpu_s"]
+    out["cores"], out["trl_best_s"], out["target_4x_s"] = cores, trl_s, trl_s / 4
+    if env is not None:
+        out["env_floor_s"] = env / cores
+        out["left_for_engine_and_update_s"] = trl_s / 4 - env / cores
+    return out
 
 
 def episodes_alike(passes: list[dict]) -> dict:

@@ -39,6 +39,30 @@ def test_tiny_agent_iteration_side_by_side(tmp_path):
             assert r[side]["turns"] >= 1 and r[side]["tokens"] > r[side]["new_tokens"] > 0
             assert 0.0 <= r[side]["success"] <= 1.0
     assert set(res["speedup_vs_trl_best"]) == {"s", "generation_s", "update_s"}
+    env = res["environment"]  # the verifier runs for every episode: the workers spent CPU on each side
+    assert env["ours"]["env_cpu_s"] > 0 and env["trl"]["env_cpu_s"] > 0
+    assert env["left_for_engine_and_update_s"] == pytest.approx(env["target_4x_s"] - env["env_floor_s"])
+
+
+def test_worker_cpu_counts_the_children_a_worker_waited_for():
+    """The environment's CPU (the agent benchmark's floor) includes the jailed runs a sandbox
+    worker forks and waits for, not only the worker's own time."""
+    import subprocess
+    import sys
+    import time
+
+    bench = _bench("bench_vs_trl_agent")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               f"subprocess.run([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"])
+    try:
+        deadline = time.time() + 20
+        while bench.worker_cpu_s([parent.pid]) < 0.4 and time.time() < deadline:
+            time.sleep(0.05)
+        assert 0.4 <= bench.worker_cpu_s([parent.pid]) < 5
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_torch_engine_rows_go_on_from_what_they_sampled():
