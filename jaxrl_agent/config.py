@@ -143,6 +143,20 @@ class TrajectoryConfig:
     prefix_rows: tuple[int, ...] = ()
     """Allowed prefix counts P (multiples of batch_multiple): a run whose groups vary in
     number compiles one shape; empty: the smallest multiple of batch_multiple that fits."""
+    pack_forward: bool = False
+    """Rows stay one episode each (what an RL loss reads), but the model runs them packed:
+    `collate` also writes the episodes first-fit-decreasing into rows of T tokens
+    (`TrainBatch.pack_tokens`, segment ids, positions restarting) and `pack_slot` says where
+    each row's tokens went, so the forward and backward passes skip the padding between
+    episodes of unequal length; the outputs are read back per row (equal to the whole rows'
+    up to float summation order). Pays when lengths vary and a batch is one update and one
+    micro-batch (each mini- or micro-batch runs every packed row): benchmarks/bench_vs_trl_agent.py.
+    Not with `pack` or `share_prefix_min`, nor across processes; the RL loop precompiles the
+    smallest packed shape, others compile when a batch first needs them (`pack_rows` bounds them)."""
+    pack_rows: tuple[int, ...] = ()
+    """Allowed packed row counts (multiples of batch_multiple) with `pack_forward`, so batches
+    of varying lengths compile a bounded number of shapes; empty: the smallest multiple of
+    batch_multiple that fits."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,15 @@ class TrainBatch:
     prefix_mask:   optional int32 `[P, Tp]`, 1 on a prefix's real tokens.
     prefix_index:  optional int32 `[B]`, the prefix row b continues (one with no real token:
                    none).
+
+    Packed forward (`TrajectoryConfig.pack_forward`; all four present or all None): the rows
+    keep one episode each, and the model runs them packed several to a row.
+    pack_tokens:   optional int32 `[Pk, Tk]` the rows' real tokens, first-fit into Pk rows
+                   (Pk a multiple of the row multiple, as for the prefixes).
+    pack_positions: optional int32 `[Pk, Tk]` each packed token's row position.
+    pack_segments: optional int32 `[Pk, Tk]` segment ids 1, 2, ... per packed row, 0 on padding.
+    pack_slot:     optional int32 `[B, T]` where row b's token t sits in the packed rows,
+                   flattened (`p * Tk + offset`); Pk * Tk for padding (no token).
     """
 
     tokens: jax.Array
@@ -61,11 +70,22 @@ class TrainBatch:
     prefix_tokens: jax.Array | None = None
     prefix_mask: jax.Array | None = None
     prefix_index: jax.Array | None = None
+    pack_tokens: jax.Array | None = None
+    pack_positions: jax.Array | None = None
+    pack_segments: jax.Array | None = None
+    pack_slot: jax.Array | None = None
 
     @property
     def prefix(self) -> tuple[jax.Array, jax.Array, jax.Array] | None:
         """(prefix_tokens, prefix_mask, prefix_index), the model's `prefix=` argument, or None."""
         return None if self.prefix_tokens is None else (self.prefix_tokens, self.prefix_mask, self.prefix_index)
+
+    @property
+    def packed(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None:
+        """(pack_tokens, pack_positions, pack_segments, pack_slot), `policy_outputs(packed=)`, or None."""
+        if self.pack_tokens is None:
+            return None
+        return self.pack_tokens, self.pack_positions, self.pack_segments, self.pack_slot
 
 
 @struct.dataclass

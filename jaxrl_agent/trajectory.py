@@ -18,9 +18,10 @@ at 0 in every segment. It is meant for token-level losses (SFT); an RL batch kee
 episode per row because its losses read one reward and one group per row.
 
 Shared prefixes (`TrajectoryConfig.share_prefix_min`) cut a group's common loss-free start
-out of its rows into `prefix_tokens`, once per group (`_shared_prefixes` decides the cut); a
-row keeps the prefix's last token, so its first position's logits predict the first token it
-owns, and every token with a loss, a reward or a sampler log-prob stays in the row.
+out of its rows into `prefix_tokens`, once per group; a row keeps the prefix's last token, so
+its first position's logits predict the first token it owns, and every token with a loss, a
+reward or a sampler log-prob stays in the row. A packed forward (`pack_forward`) keeps the rows
+whole and adds the same tokens packed for the model. Both layouts: `row_layout.py`.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxrl_agent.config import TrajectoryConfig
+from jaxrl_agent.row_layout import attach_packing, attach_prefixes, fit_count, pack_rows, shared_prefixes
 from jaxrl_agent.structs import TrainBatch
 
 TERMINATIONS = ("submitted", "max_turns", "max_tokens", "parse_error_limit", "sandbox_error", "")
@@ -195,53 +197,6 @@ def _fit(episodes: Sequence[Episode], cfg: TrajectoryConfig) -> tuple[list[Episo
     return out, truncated
 
 
-def _shared_prefixes(eps: Sequence[Episode], min_len: int, max_len: int) -> tuple[list[int], list[int], list[list[int]]]:
-    """Which prefix each episode continues, and where its row starts.
-
-    A group (`group_id`) of at least two episodes shares the longest start all of them have
-    in common that holds no loss token; its prefix is that start minus its last token (which
-    each row keeps), cut to at most `max_len` tokens, if at least `min_len` long. Returns
-    (prefix_of, cuts, prefixes): episode i continues `prefixes[prefix_of[i]]` and its row
-    starts at token `cuts[i]` (prefix_of -1 and cut 0 for an episode that shares nothing).
-    """
-    members: dict[int, list[int]] = {}
-    for i, ep in enumerate(eps):
-        members.setdefault(ep.group_id, []).append(i)
-    prefix_of, cuts, prefixes = [-1] * len(eps), [0] * len(eps), []
-    for rows in members.values():
-        if len(rows) < 2:
-            continue
-        first = eps[rows[0]].ids
-        common = min(next((t for t, m in enumerate(eps[i].loss_mask) if m), len(eps[i])) for i in rows)
-        for i in rows[1:]:
-            ids, n = eps[i].ids, 0
-            while n < common and ids[n] == first[n]:
-                n += 1
-            common = n
-        cut = min(common - 1, max_len)
-        if cut >= max(min_len, 1):
-            for i in rows:
-                prefix_of[i], cuts[i] = len(prefixes), cut
-            prefixes.append(list(first[:cut]))
-    return prefix_of, cuts, prefixes
-
-
-def _pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """First-fit-decreasing bin packing of episode lengths into rows of `capacity` tokens."""
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
-        for r, room in enumerate(free):
-            if lengths[i] <= room:
-                rows[r].append(i)
-                free[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            free.append(capacity - lengths[i])
-    return [sorted(r) for r in rows]
-
-
 def _place_turn_rewards(ep: Episode, row: np.ndarray) -> float:
     """Add each shaped reward onto the last policy token of its turn (in place on `row`, the
     episode's slice of token_rewards); returns their sum. A turn without a policy token
@@ -276,28 +231,25 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
         raise ValueError("collate needs at least one episode")
     if cfg.batch_multiple < 1:
         raise ValueError(f"batch_multiple must be >= 1, got {cfg.batch_multiple}")
+    if cfg.pack_forward and (cfg.pack or cfg.share_prefix_min):
+        raise ValueError("TrajectoryConfig.pack_forward packs the rows for the model only: it cannot be combined "
+                         "with pack (rows that are themselves packed) or share_prefix_min (set it to 0)")
     eps, truncated = _fit(episodes, cfg)
     prefix_of, cuts, prefixes = [-1] * len(eps), [0] * len(eps), []
     if cfg.share_prefix_min and not cfg.pack:  # a packed row holds several episodes
-        prefix_of, cuts, prefixes = _shared_prefixes(eps, cfg.share_prefix_min, max(cfg.prefix_buckets or cfg.buckets))
+        prefix_of, cuts, prefixes = shared_prefixes(eps, cfg.share_prefix_min, max(cfg.prefix_buckets or cfg.buckets))
     if cfg.pack:
         if any(ep.reward != 0.0 or ep.turn_rewards for ep in eps):
             raise ValueError("packing is for token-level losses (SFT): RL episodes carry rewards and need one "
-                             "episode per row (set TrajectoryConfig.pack=False)")
-        rows = _pack_rows([len(ep) for ep in eps], max(cfg.buckets))
+                             "episode per row (set TrajectoryConfig.pack=False; pack_forward packs RL rows "
+                             "for the model only)")
+        rows = pack_rows([len(ep) for ep in eps], max(cfg.buckets))
         longest = max(sum(len(eps[i]) for i in row) for row in rows)
     else:
         rows = [[i] for i in range(len(eps))]
         longest = max(len(ep) - cut for ep, cut in zip(eps, cuts))
     T = bucket_length(longest, cfg.buckets)
-    B = -(-len(rows) // cfg.batch_multiple) * cfg.batch_multiple
-    if cfg.row_buckets:
-        if any(r % cfg.batch_multiple for r in cfg.row_buckets):
-            raise ValueError(f"row_buckets {cfg.row_buckets} must be multiples of batch_multiple={cfg.batch_multiple}")
-        fit = [r for r in sorted(cfg.row_buckets) if r >= len(rows)]
-        if not fit:
-            raise ValueError(f"{len(rows)} rows exceed the largest row bucket {max(cfg.row_buckets)}")
-        B = fit[0]
+    B = fit_count(len(rows), cfg.row_buckets, cfg.batch_multiple, "row_buckets")
 
     tokens = np.full((B, T), cfg.pad_id, np.int32)
     positions = np.zeros((B, T), np.int32)
@@ -335,38 +287,12 @@ def collate(episodes: Sequence[Episode], cfg: TrajectoryConfig = TrajectoryConfi
                        sampler_logp=sampler_logp, turn_id=turn_id, token_rewards=token_rewards,
                        group_id=group_id, reward=reward)
     if prefixes:  # a batch where no group shares a prefix is padded whole, without prefix leaves
-        batch = _attach_prefixes(batch, [prefix_of[row[0]] for row in rows], prefixes, cfg)
+        tp = bucket_length(max(len(p) for p in prefixes), cfg.prefix_buckets or cfg.buckets)
+        batch = attach_prefixes(batch, [prefix_of[row[0]] for row in rows], prefixes, tp, cfg)
+    if cfg.pack_forward:
+        batch = attach_packing(batch, cfg)
     info = CollateInfo(rows=tuple(tuple(r) for r in rows) + ((),) * (B - len(rows)), truncated=truncated, length=T)
     return batch, info
-
-
-def _attach_prefixes(batch: TrainBatch, row_prefix: list[int], prefixes: list[list[int]],
-                     cfg: TrajectoryConfig) -> TrainBatch:
-    """Add `prefix_tokens` / `prefix_mask` / `prefix_index` to a collated batch (`row_prefix`:
-    each real row's prefix, -1 for none). P is padded to `prefix_rows` or the row multiple,
-    Tp to `prefix_buckets` (or `buckets`); a row that shares nothing, and every padding row,
-    points at a prefix with no real token."""
-    b = batch.tokens.shape[0]
-    row_prefix = row_prefix + [-1] * (b - len(row_prefix))
-    needed = len(prefixes) + (-1 in row_prefix)  # the empty prefix follows the real ones
-    multiple = cfg.batch_multiple
-    if cfg.prefix_rows:
-        if any(p % multiple for p in cfg.prefix_rows):
-            raise ValueError(f"prefix_rows {cfg.prefix_rows} must be multiples of batch_multiple={multiple}")
-        fit = [p for p in sorted(cfg.prefix_rows) if p >= needed]
-        if not fit:
-            raise ValueError(f"{needed} shared prefixes exceed the largest of prefix_rows {cfg.prefix_rows}")
-        n_prefixes = fit[0]
-    else:
-        n_prefixes = -(-max(needed, 1) // multiple) * multiple
-    tp = bucket_length(max([len(p) for p in prefixes], default=1), cfg.prefix_buckets or cfg.buckets)
-    prefix_tokens = np.full((n_prefixes, tp), cfg.pad_id, np.int32)
-    prefix_mask = np.zeros((n_prefixes, tp), np.int32)
-    for k, p in enumerate(prefixes):
-        prefix_tokens[k, :len(p)] = p
-        prefix_mask[k, :len(p)] = 1
-    index = np.asarray([len(prefixes) if k < 0 else k for k in row_prefix], np.int32)
-    return batch.replace(prefix_tokens=prefix_tokens, prefix_mask=prefix_mask, prefix_index=index)
 
 
 def shape_episodes(cfg: TrajectoryConfig) -> list[Episode]:

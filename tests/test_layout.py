@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxrl_agent"
 LAYERS = [
     ("env",),
     ("config", "structs"),
-    ("chat_template", "tokenizer", "trajectory", "advantages"),
+    ("chat_template", "tokenizer", "trajectory", "row_layout", "advantages"),
     ("losses",),
     ("model", "hf"),
     ("sampling",),

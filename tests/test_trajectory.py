@@ -48,7 +48,7 @@ def test_row_buckets_bound_the_batch_shapes():
     cfg = TrajectoryConfig(buckets=(8,), batch_multiple=2, row_buckets=(4, 8))
     shapes = {collate([_ep(4)] * n, cfg)[0].tokens.shape for n in range(1, 9)}
     assert shapes == {(4, 8), (8, 8)}
-    with pytest.raises(ValueError, match="exceed the largest row bucket 8"):
+    with pytest.raises(ValueError, match=r"9 rows exceed the largest of row_buckets \(4, 8\)"):
         collate([_ep(4)] * 9, cfg)
     with pytest.raises(ValueError, match="multiples of batch_multiple"):
         collate([_ep(4)], TrajectoryConfig(buckets=(8,), batch_multiple=4, row_buckets=(6,)))

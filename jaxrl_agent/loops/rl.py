@@ -377,11 +377,17 @@ def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutC
     never across processes (sharding.shard_local_batch) or in groups of one. With sharing the
     prefixes have one shape per run, which the loop precompiles: P a prefix per task and one
     for rows that share none, Tp the bucket of `prompt_len()` (the tasks' longest prompt; a
-    longer one shares that many tokens) unless `prefix_buckets` is set."""
+    longer one shares that many tokens) unless `prefix_buckets` is set. A packed forward
+    (`pack_forward`, opt-in) shares nothing and stays in one process."""
     if not traj.row_buckets:
         rows = rl.tasks_per_iter * rollout.group_size // processes
         traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
     traj = replace(traj, batch_multiple=mult)
+    if traj.pack_forward:
+        if processes > 1:
+            raise ValueError("TrajectoryConfig.pack_forward needs the whole batch in one process (each process's "
+                             "pack_slot would point into its own packed rows): set traj.pack_forward=false")
+        return traj if traj.share_prefix_min is not None else replace(traj, share_prefix_min=0)
     if traj.share_prefix_min is None:
         traj = replace(traj, share_prefix_min=SHARE_PREFIX_MIN if train.num_mini_batches == 1 else 0)
     if processes > 1 or rollout.group_size < 2:

@@ -180,6 +180,10 @@ def shard_local_batch(batch, mesh: Mesh):
         raise ValueError("a batch with shared prefixes cannot be assembled from each process's rows (each "
                          "process's prefix_index counts its own prefixes): collate with "
                          "TrajectoryConfig.share_prefix_min=0 in a multi-process run")
+    if getattr(batch, "pack_tokens", None) is not None:  # likewise its pack_slot
+        raise ValueError("a batch packed for the model cannot be assembled from each process's rows (each "
+                         "process's pack_slot points into its own packed rows): collate with "
+                         "TrajectoryConfig.pack_forward=False in a multi-process run")
     k = batch_size_multiple(mesh) // jax.process_count() or 1
     sharding = batch_sharding(mesh)
     for leaf in jax.tree.leaves(batch):

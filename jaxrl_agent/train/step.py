@@ -103,26 +103,26 @@ def _unsplit(x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-# The shared prefixes are not rows: every micro- and mini-batch keeps all of them (its rows
-# index into them), and only the [B, ...] leaves are split or gathered.
-_SHARED = ("prefix_tokens", "prefix_mask")
+# The shared prefixes and the packed rows are not rows: every micro- and mini-batch keeps all
+# of them (its rows index into them), and only the [B, ...] leaves are split or gathered.
+_SHARED = ("prefix_tokens", "prefix_mask", "pack_tokens", "pack_positions", "pack_segments")
 
 
-def _without_prefixes(batch: TrainBatch) -> tuple[TrainBatch, dict]:
-    """(`batch` with only its row leaves, its shared prefixes by field name)."""
+def _rows_and_shared(batch: TrainBatch) -> tuple[TrainBatch, dict]:
+    """(`batch` with only its row leaves, its shared prefixes and packed rows by field name)."""
     return batch.replace(**dict.fromkeys(_SHARED)), {k: getattr(batch, k) for k in _SHARED}
 
 
 def _map_rows(fn: Callable, batch: TrainBatch) -> TrainBatch:
-    """`fn` applied to every row leaf of `batch`; the shared prefixes stay as they are."""
-    rows, shared = _without_prefixes(batch)
+    """`fn` applied to every row leaf of `batch`; the shared prefixes and packed rows stay as they are."""
+    rows, shared = _rows_and_shared(batch)
     return jax.tree.map(fn, rows).replace(**shared)
 
 
 def _split_rows(batch: TrainBatch, n: int) -> tuple[TrainBatch, dict]:
-    """(row leaves split into n micro-batches, without the prefixes; the prefixes): what a
+    """(row leaves split into n micro-batches; the shared leaves): what a
     `lax.map` / `lax.scan` over micro-batches takes as xs and as a constant."""
-    rows, shared = _without_prefixes(batch)
+    rows, shared = _rows_and_shared(batch)
     return jax.tree.map(lambda x: _split(x, n), rows), shared
 
 
@@ -293,7 +293,7 @@ class TrainStep:
         return policy_outputs(self._model(params), rows.tokens, rows.positions, rows.attention_mask,
                               chunk_size=self.cfg.logp_chunk_size,
                               loss_mask=rows.loss_mask if self.cfg.logp_loss_chunks_only else None,
-                              prefix=rows.prefix)
+                              prefix=rows.prefix, packed=rows.packed)
 
     def _outputs(self, params: dict, batch: TrainBatch) -> PolicyOutputs:
         """PolicyOutputs of the full batch, computed micro-batch by micro-batch (no grad)."""
