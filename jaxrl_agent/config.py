@@ -136,8 +136,10 @@ class TrajectoryConfig:
     gradient is the same up to float summation order). It pays when a prompt is a large part
     of each row and a batch is one update (benchmarks/bench_vs_trl.py); with mini-batches every
     mini-batch runs every prefix and its rows' queries attend to the padded prefix, which costs
-    more than it saves. 0 pads every episode whole (ignored with `pack`); None: whole rows,
-    except in the RL loop, which shares (32) when a batch is one update (num_mini_batches 1)."""
+    more than it saves, as it does when the rows stay in the same length bucket. 0 pads every
+    episode whole (ignored with `pack`); None: whole rows, except in the RL loop, which shares
+    (32) when a batch is one update (num_mini_batches 1) and the cut moves the longest episode
+    its budget allows to a smaller bucket (`loops.rl.rollout_batch_config`)."""
     prefix_buckets: tuple[int, ...] = ()
     """Allowed prefix lengths Tp; empty: `buckets`."""
     prefix_rows: tuple[int, ...] = ()

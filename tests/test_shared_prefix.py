@@ -175,7 +175,9 @@ def test_rl_loop_shares_prompts_when_a_batch_is_one_update():
     from jaxrl_agent.loops.rl import SHARE_PREFIX_MIN, rollout_batch_config
     from jaxrl_agent.trajectory import shape_episodes
 
-    rl, rollout, traj = RLConfig(tasks_per_iter=6), RolloutConfig(group_size=8), TrajectoryConfig(buckets=(256, 512))
+    # an episode budget of 320 tokens: cutting the prompt lands the longest row in a smaller bucket
+    rl, traj = RLConfig(tasks_per_iter=6), TrajectoryConfig(buckets=(256, 512))
+    rollout = RolloutConfig(group_size=8, max_total_tokens=320)
     assert TrajectoryConfig().share_prefix_min is None and collate(grouped_episodes(), WHOLE)[0].prefix_tokens is None
     one = rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 80)
     # one prefix shape per run: the bucket of the tasks' longest prompt
@@ -183,6 +185,11 @@ def test_rl_loop_shares_prompts_when_a_batch_is_one_update():
     assert rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 300).prefix_buckets == (512,)
     assert rollout_batch_config(traj, rl, rollout, TrainConfig(), mult=2, prompt_len=lambda: 900).prefix_buckets == (512,)
     assert one.row_buckets == (48,)
+    # multi-turn episodes up to 1024 tokens: a 175-token prompt cut out leaves the rows in the
+    # same bucket, where the prefixes would only add work (benchmarks/bench_update_layouts.py)
+    long = rollout_batch_config(traj, rl, replace(rollout, max_total_tokens=1024), TrainConfig(), mult=2,
+                                prompt_len=lambda: 175)
+    assert long.share_prefix_min == 0
     # with mini-batches every mini-batch would run every prefix: whole rows
     assert rollout_batch_config(traj, rl, rollout, TrainConfig(num_mini_batches=4), mult=2).share_prefix_min == 0
     # an explicit setting wins; processes and groups of one never share

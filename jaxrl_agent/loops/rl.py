@@ -374,7 +374,11 @@ def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutC
     count per run (dropped episodes become padding rows), so one compile per length bucket;
     and `share_prefix_min=None` resolved: a group's prompt is shared (SHARE_PREFIX_MIN) when a
     batch is one update, not with mini-batches (TrajectoryConfig.share_prefix_min says why),
-    never across processes (sharding.shard_local_batch) or in groups of one. With sharing the
+    and only when cutting the longest prompt (`prompt_len()`) out of the longest episode the
+    budget allows lands it in a smaller length bucket: otherwise the rows pad to the same T and
+    the prefixes only add work (benchmarks/bench_update_layouts.py: multi-turn episodes up to
+    1024 tokens, ~175-token prompts). Never across processes (sharding.shard_local_batch) or in
+    groups of one. With sharing the
     prefixes have one shape per run, which the loop precompiles: P a prefix per task and one
     for rows that share none, Tp the bucket of `prompt_len()` (the tasks' longest prompt; a
     longer one shares that many tokens) unless `prefix_buckets` is set. A packed forward
@@ -389,7 +393,12 @@ def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutC
                              "pack_slot would point into its own packed rows): set traj.pack_forward=false")
         return traj if traj.share_prefix_min is not None else replace(traj, share_prefix_min=0)
     if traj.share_prefix_min is None:
-        traj = replace(traj, share_prefix_min=SHARE_PREFIX_MIN if train.num_mini_batches == 1 else 0)
+        share = train.num_mini_batches == 1 and processes == 1 and rollout.group_size > 1 and prompt_len is not None
+        if share:
+            budget = rollout.max_total_tokens
+            buckets = sorted({*traj.buckets, budget})  # train_rl adds the budget as a bucket
+            share = bucket_length(max(budget - prompt_len() + 1, 1), buckets) < bucket_length(budget, buckets)
+        traj = replace(traj, share_prefix_min=SHARE_PREFIX_MIN if share else 0)
     if processes > 1 or rollout.group_size < 2:
         return replace(traj, share_prefix_min=0)
     if traj.share_prefix_min:
