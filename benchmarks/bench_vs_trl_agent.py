@@ -12,7 +12,9 @@ new observation prefilled). TRL's side is `TorchEngine` below: each turn,
 ready (what TRL's own tool loop does). `rollout_func` hands TRL the episodes with their sampler
 log-probs, `env_mask` (observation tokens 0) and the verifier's reward. The update is the
 single-turn benchmark's: token-mean GRPO, clip 0.2, AdamW, no KL, float32
-(`bench_vs_trl.py`, whose interleaving and thread settings this reuses).
+(`bench_vs_trl.py`, whose interleaving and thread settings this reuses). Ours runs its batch
+packed for the model (`--rows`, default `packed`: the same loss and gradient as whole rows,
+tests/test_packed_forward.py); TRL pads every row to the batch's longest.
 
 `--settings` picks the episode loop's settings, the same for both sides:
 - `default`: the library defaults (`ToolConfig()`: 0.5 s CPU per test; `RolloutConfig()`: the
@@ -188,21 +190,28 @@ class OursAgent:
         self.ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=args.lr)),
                                   TrainConfig(loss=LossConfig(agg="token-mean", kl_coef=0.0)), model)
         self.state = self.ts.init_state(model, seed=0)
-        # a group's shared first prompt trains once (as the RL loop does when a batch is one
-        # update; 0 with --whole_rows), in one prefix shape: up to 256 tokens, the tasks' prompts
+        # --rows: how the update lays out the batch (benchmarks/bench_update_layouts.py times all
+        # three on one rollout). packed: the rows packed for the model into rows of the budget,
+        # the packed row count bucketed by sixths of the batch; shared: a group's first prompt
+        # once, in one prefix shape (up to 256 tokens, the tasks' prompts); whole: TRL's layout
         mult = self.ts.mesh.devices.size
-        self.traj = TrajectoryConfig(buckets=tuple(range(128, MAX_TOTAL + 128, 128)), batch_multiple=mult,
-                                     prefix_buckets=(256,), prefix_rows=(-(-(args.tasks + 1) // mult) * mult,),
-                                     share_prefix_min=0 if args.whole_rows else 32)
+        rows = -(-args.tasks * args.group // mult) * mult
+        buckets = (MAX_TOTAL,) if args.rows == "packed" else tuple(range(128, MAX_TOTAL + 128, 128))
+        self.traj = TrajectoryConfig(buckets=buckets, batch_multiple=mult, share_prefix_min=0,
+                                     pack_forward=args.rows == "packed",
+                                     pack_rows=tuple(sorted({-(-rows * k // (6 * mult)) * mult for k in (3, 4, 5, 6)})))
+        if args.rows == "shared":
+            self.traj = replace(self.traj, share_prefix_min=32, prefix_buckets=(256,),
+                                prefix_rows=(-(-(args.tasks + 1) // mult) * mult,))
         sampling = episode_engine(tok, RolloutConfig(max_total_tokens=MAX_TOTAL))
         self.engine = SamplingEngine(policy_for_engine(self.ts, self.state), sampling)
         self.engine.warmup()  # every prefill / decode bucket, and every train-step length bucket:
         from jaxrl_agent.trajectory import collate, shape_episodes  # the timed iterations compile nothing
 
-        rows = -(-args.tasks * args.group // self.traj.batch_multiple) * self.traj.batch_multiple
         pad = shape_episodes(replace(self.traj, pad_id=tok.pad_id))
-        for f in self.ts.precompile([collate(pad, replace(self.traj, buckets=(t,), row_buckets=(rows,)))[0]
-                                     for t in self.traj.buckets]):
+        shapes = [replace(self.traj, buckets=(t,), row_buckets=(rows,), pack_rows=(p,))
+                  for t in self.traj.buckets for p in (self.traj.pack_rows if self.traj.pack_forward else (rows,))]
+        for f in self.ts.precompile([collate(pad, cfg)[0] for cfg in shapes]):
             f.result()
         self._refresh = lambda: sync_engine(self.engine, self.ts, self.state)
         self.iteration = 0
@@ -300,8 +309,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", default="default,1")
     ap.add_argument("--settings", choices=("default", "rl_default", "study"), default="default",
                     help="the episode loop's settings, the same for both sides (module docstring)")
-    ap.add_argument("--whole_rows", action="store_true",
-                    help="our update runs every row's first prompt (no shared prefixes), as TRL's does")
+    ap.add_argument("--rows", choices=("packed", "shared", "whole"), default="packed",
+                    help="our update's batch layout: packed for the model (TrajectoryConfig.pack_forward), a "
+                         "group's prompt shared (share_prefix_min), or whole rows as TRL's")
     ap.add_argument("--out", default=None, help="default: results/vs_trl_agent[_<settings>].json")
     args = ap.parse_args(argv)
     args.out = args.out or os.path.join(HERE, "results", "vs_trl_agent.json" if args.settings == "default"

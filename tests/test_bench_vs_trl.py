@@ -85,3 +85,14 @@ def test_torch_engine_rows_go_on_from_what_they_sampled():
     assert engine.rows[1] == [5, 6, 7, *ids]
     engine.append(1, [8, 9])
     assert engine.rows[1] == [5, 6, 7, *ids, 8, 9]
+
+
+@pytest.mark.slow
+def test_update_layouts_run_the_same_update(tmp_path):
+    """benchmarks/bench_update_layouts.py at toy size: the three layouts' first losses agree
+    (it raises otherwise) and each is timed; packing never runs more token slots than whole rows."""
+    bench = _bench("bench_update_layouts")
+    res = bench.main(["--tasks=1", "--group=2", "--repeats=1", f"--out={tmp_path / 'u.json'}"])
+    assert set(res["median_s"]) == {"whole", "shared", "packed"} and all(v > 0 for v in res["median_s"].values())
+    assert res["slots"]["packed"] <= res["slots"]["whole"]
+    assert json.loads((tmp_path / "u.json").read_text())["episodes"] == 2
