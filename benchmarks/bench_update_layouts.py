@@ -35,11 +35,12 @@ LAYOUTS = ("whole", "shared", "packed")
 
 
 def layouts(mult: int, rows: int, tasks: int) -> dict:
-    """TrajectoryConfig per layout, each with one shape for this run's batch."""
+    """TrajectoryConfig per layout, as the agent benchmark's `--rows` (the packed row count
+    unbucketed here: exactly what first-fit needs, rounded to the row multiple)."""
     from jaxrl_agent.config import TrajectoryConfig
 
-    base = TrajectoryConfig(buckets=(agent_bench.MAX_TOTAL,), batch_multiple=mult, row_buckets=(rows,),
-                            share_prefix_min=0)
+    base = TrajectoryConfig(buckets=tuple(range(128, agent_bench.MAX_TOTAL + 128, 128)), batch_multiple=mult,
+                            row_buckets=(rows,), share_prefix_min=0)  # the agent benchmark's length buckets
     return {"whole": base,
             "shared": replace(base, share_prefix_min=32, prefix_buckets=(256,),
                               prefix_rows=(-(-(tasks + 1) // mult) * mult,)),
