@@ -152,7 +152,7 @@ class TrajectoryConfig:
     each row's tokens went, so the forward and backward passes skip the padding between
     episodes of unequal length; the outputs are read back per row (equal to the whole rows'
     up to float summation order). Pays when lengths vary and a batch is one update and one
-    micro-batch (each mini- or micro-batch runs every packed row): benchmarks/bench_vs_trl_agent.py.
+    micro-batch (each mini- or micro-batch runs every packed row): benchmarks/bench_update_layouts.py.
     Not with `pack` or `share_prefix_min`, nor across processes; the RL loop precompiles the
     smallest packed shape, others compile when a batch first needs them (`pack_rows` bounds them)."""
     pack_rows: tuple[int, ...] = ()

@@ -6,14 +6,11 @@ from dataclasses import replace
 import jax
 import numpy as np
 import pytest
-from test_shared_prefix import grouped_episodes
+from test_shared_prefix import assert_same_gradient, assert_same_mini_batch_updates, grouped_episodes
 
 import trainer_worker as tw
-from jaxrl_agent.config import LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
-from jaxrl_agent.losses.registry import LOSSES
+from jaxrl_agent.config import TrainConfig, TrajectoryConfig
 from jaxrl_agent.model.decoder import policy_outputs
-from jaxrl_agent.train import sharding as sh
-from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import collate
 
 ROWS = TrajectoryConfig(buckets=(64,), share_prefix_min=0)  # room for 2-5 episodes a packed row
@@ -86,43 +83,14 @@ def test_policy_outputs_packed_equal_the_rows(layout):
 # ---- the train step ----
 @pytest.mark.parametrize("devices", [1, 2])
 def test_train_step_gradient_equals_the_rows(devices):
-    """GRPO with KL to a reference, recomputed old log-probs, two micro-batches, the loss's
-    chunk skip: the packed batch's loss and gradient equal the rows' (on one device, and with
-    rows and packed rows split over two)."""
-    mesh_cfg = MeshConfig(data=devices)
-    mesh = sh.make_mesh(mesh_cfg, jax.devices()[:devices])
-    cfg = TrainConfig(compiler_options=tw.FAST, mesh=mesh_cfg, loss=LossConfig(kl_coef=0.1), use_ref=True,
-                      old_logp="recompute", num_micro_batches=2)
-    model = tw.tiny_model(seed=2)
-    ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=1e-2)), cfg, model, mesh=mesh)
-    state = ts.init_state(model)
-    eps = grouped_episodes(seed=2)
-    multiple = 2 * devices  # micro-batches of whole data shards
-    rows, _ = collate(eps, replace(ROWS, batch_multiple=multiple))
-    packed, _ = collate(eps, replace(PACKED, batch_multiple=multiple))
-    loss_r, m_r, g_r = ts.grads(state, rows)
-    loss_p, m_p, g_p = ts.grads(state, packed)
-    assert float(m_r["grad_norm"]) > 1e-3
-    np.testing.assert_allclose(float(loss_p), float(loss_r), atol=1e-6)
-    for k in g_r:
-        np.testing.assert_allclose(np.asarray(g_p[k]), np.asarray(g_r[k]), atol=1e-6, rtol=1e-4, err_msg=k)
+    """With KL, recomputed old log-probs, two micro-batches and the loss's chunk skip, the packed
+    batch's loss and gradient equal the rows' (on one device, and with rows and packed rows
+    split over two)."""
+    assert_same_gradient(ROWS, PACKED, devices)
 
 
 def test_mini_batches_keep_every_packed_row():
-    """Two shuffled mini-batches x two epochs: each update's rows still find their packed
-    tokens, so the updated parameters equal the rows' run (SGD, as in test_shared_prefix)."""
-    cfg = TrainConfig(compiler_options=tw.FAST, mesh=MeshConfig(data=1), num_mini_batches=2, ppo_epochs=2)
-    mesh = sh.make_mesh(cfg.mesh, jax.devices()[:1])
-    model = tw.tiny_model(seed=3)
-    ts = make_train_step(LOSSES["grpo"], tw.distributed_optimizer(), cfg, model, mesh=mesh)
-    eps = grouped_episodes(seed=3)
-    after = []
-    for traj in (ROWS, PACKED):
-        state, metrics = ts(ts.init_state(model, seed=4), collate(eps, replace(traj, batch_multiple=2))[0])
-        after.append(ts.policy_params(state))
-        assert float(metrics["num_updates"]) == 4
-    for k in after[0]:
-        np.testing.assert_allclose(np.asarray(after[1][k]), np.asarray(after[0][k]), atol=2e-6, err_msg=k)
+    assert_same_mini_batch_updates(ROWS, PACKED)
 
 
 # ---- the RL loop ----

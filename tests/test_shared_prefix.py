@@ -128,45 +128,54 @@ def test_policy_outputs_with_prefixes_equal_whole_rows(layout):
 
 
 # ---- the train step ----
-@pytest.mark.parametrize("devices", [1, 2])
-def test_train_step_gradient_equals_whole_rows(devices):
-    """GRPO with KL to a reference, two micro-batches: the loss and its gradient on the shared
-    batch equal the whole rows' (on one device, and with rows and prefixes split over two)."""
+def assert_same_gradient(reference: TrajectoryConfig, layout: TrajectoryConfig, devices: int, seed: int = 2):
+    """GRPO with KL to a reference, recomputed old log-probs, two micro-batches: the loss and its
+    gradient on the episodes collated under `layout` equal those under `reference` (rows and
+    the layout's extra leaves split over `devices`). Shared with tests/test_packed_forward.py."""
     mesh_cfg = MeshConfig(data=devices)
     mesh = sh.make_mesh(mesh_cfg, jax.devices()[:devices])
     cfg = TrainConfig(compiler_options=tw.FAST, mesh=mesh_cfg, loss=LossConfig(kl_coef=0.1), use_ref=True,
                       old_logp="recompute", num_micro_batches=2)
-    model = tw.tiny_model(seed=2)
+    model = tw.tiny_model(seed=seed)
     ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=1e-2)), cfg, model, mesh=mesh)
     state = ts.init_state(model)
-    eps = grouped_episodes(seed=2)
+    eps = grouped_episodes(seed=seed)
     multiple = 2 * devices  # micro-batches of whole data shards
-    whole, _ = collate(eps, replace(WHOLE, batch_multiple=multiple))
-    shared, _ = collate(eps, replace(SHARED, batch_multiple=multiple))
-    loss_w, m_w, g_w = ts.grads(state, whole)
-    loss_s, m_s, g_s = ts.grads(state, shared)
-    assert float(m_w["grad_norm"]) > 1e-3
-    np.testing.assert_allclose(float(loss_s), float(loss_w), atol=1e-6)
-    for k in g_w:
-        np.testing.assert_allclose(np.asarray(g_s[k]), np.asarray(g_w[k]), atol=1e-6, rtol=1e-4, err_msg=k)
+    loss_r, m_r, g_r = ts.grads(state, collate(eps, replace(reference, batch_multiple=multiple))[0])
+    loss_l, m_l, g_l = ts.grads(state, collate(eps, replace(layout, batch_multiple=multiple))[0])
+    assert float(m_r["grad_norm"]) > 1e-3
+    np.testing.assert_allclose(float(loss_l), float(loss_r), atol=1e-6)
+    for k in g_r:
+        np.testing.assert_allclose(np.asarray(g_l[k]), np.asarray(g_r[k]), atol=1e-6, rtol=1e-4, err_msg=k)
 
 
-def test_mini_batches_keep_every_prefix():
-    """Two shuffled mini-batches x two epochs: each update's rows still find their prefixes, so
-    the updated parameters equal the whole rows' run (SGD: Adam's g / sqrt(v) would blow up
-    float summation-order noise in near-zero gradients)."""
+def assert_same_mini_batch_updates(reference: TrajectoryConfig, layout: TrajectoryConfig, seed: int = 3):
+    """Two shuffled mini-batches x two epochs: each update's rows still find their layout's
+    extra leaves, so the updated parameters equal the reference run's (SGD: Adam's g / sqrt(v)
+    would blow up float summation-order noise in near-zero gradients)."""
     cfg = TrainConfig(compiler_options=tw.FAST, mesh=MeshConfig(data=1), num_mini_batches=2, ppo_epochs=2)
     mesh = sh.make_mesh(cfg.mesh, jax.devices()[:1])
-    model = tw.tiny_model(seed=3)
+    model = tw.tiny_model(seed=seed)
     ts = make_train_step(LOSSES["grpo"], tw.distributed_optimizer(), cfg, model, mesh=mesh)
-    eps = grouped_episodes(seed=3)
+    eps = grouped_episodes(seed=seed)
     after = []
-    for traj in (WHOLE, SHARED):
+    for traj in (reference, layout):
         state, metrics = ts(ts.init_state(model, seed=4), collate(eps, replace(traj, batch_multiple=2))[0])
         after.append(ts.policy_params(state))
         assert float(metrics["num_updates"]) == 4
     for k in after[0]:
         np.testing.assert_allclose(np.asarray(after[1][k]), np.asarray(after[0][k]), atol=2e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_train_step_gradient_equals_whole_rows(devices):
+    """The shared batch trains to the whole rows' loss and gradient (on one device, and with
+    rows and prefixes split over two)."""
+    assert_same_gradient(WHOLE, SHARED, devices)
+
+
+def test_mini_batches_keep_every_prefix():
+    assert_same_mini_batch_updates(WHOLE, SHARED)
 
 
 # ---- where the RL loop shares ----

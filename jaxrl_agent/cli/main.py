@@ -170,10 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     print("config:", json.dumps(dataclasses.asdict(cfg), indent=None, sort_keys=True, default=str))
     from jaxrl_agent.agent.preference_pairs import PreferenceDataError
+    from jaxrl_agent.loops.metrics import watch_compiles
     from jaxrl_agent.loops.rl import NoSignalError
     from jaxrl_agent.train.sharding import initialize_distributed
-
-    from jaxrl_agent.loops.metrics import watch_compiles
 
     enable_compile_cache(args.compile_cache)  # the second run of a job loads its compiles from disk
     watch_compiles()  # the RL loop logs time/compile: how much of the wait was JAX compiling

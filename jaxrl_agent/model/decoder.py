@@ -408,7 +408,7 @@ def _packed_outputs(model: CausalLM, packed, attention_mask: jax.Array, chunk_si
         raise ValueError("a batch is either packed or has shared prefixes, not both "
                          "(TrajectoryConfig.pack_forward with share_prefix_min=0)")
     tokens, positions, segments, slot = packed
-    b, t = slot.shape
+    t = slot.shape[1]
     if tokens.ndim != 2 or positions.shape != tokens.shape or segments.shape != tokens.shape or \
             attention_mask.shape != slot.shape:
         raise ValueError(f"pack_tokens {tokens.shape}, pack_positions {positions.shape}, pack_segments "
@@ -427,4 +427,3 @@ def _packed_outputs(model: CausalLM, packed, attention_mask: jax.Array, chunk_si
 
     return PolicyOutputs(logp=rows(out.logp), entropy=rows(out.entropy),
                          values=None if out.values is None else rows(out.values))
-
