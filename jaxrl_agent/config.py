@@ -139,7 +139,7 @@ class TrajectoryConfig:
     more than it saves, as it does when the rows stay in the same length bucket. 0 pads every
     episode whole (ignored with `pack`); None: whole rows, except in the RL loop, which shares
     (32) when a batch is one update (num_mini_batches 1) and the cut moves the longest episode
-    its budget allows to a smaller bucket (`loops.rl.rollout_batch_config`)."""
+    its budget allows to a smaller bucket (`loops.rollout_batches.rollout_batch_config`)."""
     prefix_buckets: tuple[int, ...] = ()
     """Allowed prefix lengths Tp; empty: `buckets`."""
     prefix_rows: tuple[int, ...] = ()

@@ -96,7 +96,7 @@ def test_mini_batches_keep_every_packed_row():
 # ---- the RL loop ----
 def test_rl_loop_packs_when_asked_and_then_shares_nothing():
     from jaxrl_agent.config import RLConfig, RolloutConfig
-    from jaxrl_agent.loops.rl import rollout_batch_config
+    from jaxrl_agent.loops.rollout_batches import rollout_batch_config
 
     rl, rollout = RLConfig(tasks_per_iter=6), RolloutConfig(group_size=8)
     traj = rollout_batch_config(replace(TrajectoryConfig(), pack_forward=True), rl, rollout, TrainConfig(), mult=2)

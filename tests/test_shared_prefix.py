@@ -181,7 +181,7 @@ def test_mini_batches_keep_every_prefix():
 # ---- where the RL loop shares ----
 def test_rl_loop_shares_prompts_when_a_batch_is_one_update():
     from jaxrl_agent.config import RLConfig, RolloutConfig
-    from jaxrl_agent.loops.rl import SHARE_PREFIX_MIN, rollout_batch_config
+    from jaxrl_agent.loops.rollout_batches import SHARE_PREFIX_MIN, rollout_batch_config
     from jaxrl_agent.trajectory import shape_episodes
 
     # an episode budget of 320 tokens: cutting the prompt lands the longest row in a smaller bucket

@@ -31,13 +31,12 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 
 from jaxrl_agent.agent.evaluation import summarize_episodes
 from jaxrl_agent.agent.rewards import RewardComposer
-from jaxrl_agent.agent.rollout import collect_episodes, episode_prompt, group_signal, trainable
+from jaxrl_agent.agent.rollout import collect_episodes, group_signal, trainable
 from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLConfig, RolloutConfig, SamplingConfig,
                                 TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
@@ -49,18 +48,15 @@ from jaxrl_agent.loops.evaluate import collect_share, evaluate, gather_episodes
 from jaxrl_agent.loops.metrics import MetricsLogger, Timer, compile_seconds, progress_bar, watch_compiles
 from jaxrl_agent.loops.multihost import Processes
 from jaxrl_agent.loops.offline import DataIterator
+from jaxrl_agent.loops.rollout_batches import local_batch, longest_prompt, rollout_batch_config, start_precompile
 from jaxrl_agent.losses.registry import LOSSES, RL_LOSSES
 from jaxrl_agent.sampling.engine import SamplingEngine
 from jaxrl_agent.sampling.engine_config import episode_engine
-from jaxrl_agent.tokenizer import ChatFormat, EpisodeBuilder
+from jaxrl_agent.tokenizer import ChatFormat
 from jaxrl_agent.train import sharding as sh
 from jaxrl_agent.train.checkpoint import Checkpointer, export_hf
 from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.train.weight_sync import policy_for_engine
-from jaxrl_agent.trajectory import Episode, bucket_length, collate, shape_episodes
-
-# TrajectoryConfig.share_prefix_min=None in the loop: share a group's prompt once a batch is one update
-SHARE_PREFIX_MIN = 32
 
 
 class NoSignalError(RuntimeError):
@@ -144,26 +140,8 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
         raise ValueError(f"the mesh's data*fsdp={mult} rows must split evenly over {procs.count} processes")
     mult //= procs.count  # rows of this process
     traj = rollout_batch_config(traj, rl, rollout, train, mult, procs.count,
-                                prompt_len=lambda: _longest_prompt(train_tasks, chat, rollout))
-    # A batch pads to its longest episode's bucket. The smaller buckets compile at once, while
-    # iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
-    # that rollout's episodes needs it, else once iteration 1 is done: it does not compete with
-    # the first rollout for the cores unless the first update needs it (benchmarks/bench_startup.py).
-    buckets, pad = sorted(traj.buckets), shape_episodes(traj)
-    *smaller, top = [collate(pad, replace(traj, buckets=(t,)))[0] for t in buckets] if rl.precompile else [None]
-    below_top = buckets[-2] if len(buckets) > 1 else 0
-
-    def precompile_top(episode: Episode | None = None) -> None:
-        """Queue the top bucket's compile (once): now, or when `episode` would need it."""
-        nonlocal top
-        if top is not None and (episode is None or len(episode) > below_top):  # trajectory.bucket_length
-            ts.precompile([top])
-            top = None
-
-    if rl.precompile:
-        ts.precompile(smaller)
-        if not smaller:
-            precompile_top()
+                                prompt_len=lambda: longest_prompt(train_tasks, chat, rollout))
+    precompile_top = start_precompile(ts, traj, rl.precompile)
     data = DataIterator(train_tasks, rl.tasks_per_iter, seed=rl.seed)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(rl.run_dir, "checkpoints"),
                                          save_every=rl.checkpoint_every))
@@ -294,7 +272,7 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                            "reward": reward_metrics, "dropped": procs.sum(dropped)}
                 if sum(counts):
                     with timer("train"):
-                        batch = _local_batch(kept, traj, procs)
+                        batch = local_batch(kept, traj, procs)
                         state, tmetrics = ts(state, sh.shard_local_batch(batch, ts.mesh))
                         metrics["train"] = {k: float(v.addressable_data(0)) for k, v in tmetrics.items()}  # replicated
                         policy = policy_for_engine(ts, state)  # a collective: every process, every update
@@ -365,68 +343,6 @@ def _reward_model(rewards: RewardConfig, given, traj: TrajectoryConfig):
     from jaxrl_agent.agent.reward_model import RewardModel, load_reward_model
 
     return RewardModel(load_reward_model(rewards.reward_model_path), traj, batch_size=rewards.score_batch_size)
-
-
-def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutConfig, train: TrainConfig,
-                         mult: int, processes: int = 1, prompt_len: Callable[[], int] | None = None
-                         ) -> TrajectoryConfig:
-    """How the loop collates its rollout batches (`mult`: this process's row multiple): one row
-    count per run (dropped episodes become padding rows), so one compile per length bucket;
-    and `share_prefix_min=None` resolved: a group's prompt is shared (SHARE_PREFIX_MIN) when a
-    batch is one update, not with mini-batches (TrajectoryConfig.share_prefix_min says why),
-    and only when cutting the longest prompt (`prompt_len()`) out of the longest episode the
-    budget allows lands it in a smaller length bucket: otherwise the rows pad to the same T and
-    the prefixes only add work (benchmarks/bench_update_layouts.py: multi-turn episodes up to
-    1024 tokens, ~175-token prompts). Never across processes (sharding.shard_local_batch) or in
-    groups of one. With sharing the
-    prefixes have one shape per run, which the loop precompiles: P a prefix per task and one
-    for rows that share none, Tp the bucket of `prompt_len()` (the tasks' longest prompt; a
-    longer one shares that many tokens) unless `prefix_buckets` is set. A packed forward
-    (`pack_forward`, opt-in) shares nothing and stays in one process."""
-    if not traj.row_buckets:
-        rows = rl.tasks_per_iter * rollout.group_size // processes
-        traj = replace(traj, row_buckets=(-(-rows // mult) * mult,))
-    traj = replace(traj, batch_multiple=mult)
-    if traj.pack_forward:
-        if processes > 1:
-            raise ValueError("TrajectoryConfig.pack_forward needs the whole batch in one process (each process's "
-                             "pack_slot would point into its own packed rows): set traj.pack_forward=false")
-        return traj if traj.share_prefix_min is not None else replace(traj, share_prefix_min=0)
-    if traj.share_prefix_min is None:
-        share = train.num_mini_batches == 1 and processes == 1 and rollout.group_size > 1 and prompt_len is not None
-        if share:
-            budget = rollout.max_total_tokens
-            buckets = sorted({*traj.buckets, budget})  # train_rl adds the budget as a bucket
-            share = bucket_length(max(budget - prompt_len() + 1, 1), buckets) < bucket_length(budget, buckets)
-        traj = replace(traj, share_prefix_min=SHARE_PREFIX_MIN if share else 0)
-    if processes > 1 or rollout.group_size < 2:
-        return replace(traj, share_prefix_min=0)
-    if traj.share_prefix_min:
-        prefix_buckets = traj.prefix_buckets
-        if not prefix_buckets:
-            longest = min(prompt_len() - 1, max(traj.buckets)) if prompt_len else max(traj.buckets)
-            prefix_buckets = (bucket_length(max(longest, traj.share_prefix_min), traj.buckets),)
-        traj = replace(traj, prefix_rows=traj.prefix_rows or (-(-(rl.tasks_per_iter + 1) // mult) * mult,),
-                       prefix_buckets=prefix_buckets)
-    return traj
-
-
-def _longest_prompt(tasks: Sequence[Task], chat: ChatFormat, rollout: RolloutConfig, sample: int = 512) -> int:
-    """Tokens in the longest first prompt (system, tools, task) among up to `sample` tasks."""
-    step = max(1, len(tasks) // sample)
-    return max(EpisodeBuilder(chat, episode_prompt(t, rollout.system_prompt), chat.tool_schemas).prompt_len
-               for t in tasks[::step][:sample])
-
-
-def _local_batch(kept: list[Episode], traj: TrajectoryConfig, procs: Processes):
-    """This process's rows of the update: every process pads to the same length bucket (the
-    longest episode of all), and one with nothing to train on feeds rows without loss tokens."""
-    if procs.count == 1:
-        return collate(kept, traj)[0]
-    longest = procs.max(max((len(e) for e in kept), default=1))
-    bucket = min([b for b in traj.buckets if b >= longest] or [max(traj.buckets)])
-    fill = kept or [Episode([traj.pad_id], [0], [0.0], [0], group_id=-(1 << 30))]
-    return collate(fill, replace(traj, buckets=(bucket,)))[0]
 
 
 def _eval_scalars(summary: dict) -> dict:
