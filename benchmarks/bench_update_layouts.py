@@ -3,7 +3,7 @@ side in one run (DEVICE + HOST): whole rows (each episode padded to the batch's 
 as TRL's update), a group's shared first prompt run once (`TrajectoryConfig.share_prefix_min`)
 and the rows packed for the model (`TrajectoryConfig.pack_forward`).
 
-    python benchmarks/bench_update_layouts.py [--repeats 5]   -> benchmarks/results/update_layouts.json
+    python benchmarks/bench_update_layouts.py [--repeats 5] [--buckets 1024]   -> benchmarks/results/update_layouts.json
 
 The episodes are one rollout of the agent benchmark's workload (`bench_vs_trl_agent.py`: the
 demo policy, `--tasks` x `--group` bug-fixing episodes up to 1024 tokens, the study's episode
@@ -34,13 +34,12 @@ import bench_vs_trl_agent as agent_bench  # noqa: E402
 LAYOUTS = ("whole", "shared", "packed")
 
 
-def layouts(mult: int, rows: int, tasks: int) -> dict:
+def layouts(mult: int, rows: int, tasks: int, buckets: tuple[int, ...]) -> dict:
     """TrajectoryConfig per layout, as the agent benchmark's `--rows` (the packed row count
     unbucketed here: exactly what first-fit needs, rounded to the row multiple)."""
     from jaxrl_agent.config import TrajectoryConfig
 
-    base = TrajectoryConfig(buckets=tuple(range(128, agent_bench.MAX_TOTAL + 128, 128)), batch_multiple=mult,
-                            row_buckets=(rows,), share_prefix_min=0)  # the agent benchmark's length buckets
+    base = TrajectoryConfig(buckets=buckets, batch_multiple=mult, row_buckets=(rows,), share_prefix_min=0)
     return {"whole": base,
             "shared": replace(base, share_prefix_min=32, prefix_buckets=(256,),
                               prefix_rows=(-(-(tasks + 1) // mult) * mult,)),
@@ -61,6 +60,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--buckets", default=",".join(map(str, range(128, agent_bench.MAX_TOTAL + 128, 128))),
+                    help="length buckets (default: the agent benchmark's, every 128 tokens; 1024 alone shows the "
+                         "RL loop's power-of-two case, where sharing keeps the rows at 1024)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "update_layouts.json"))
     args = ap.parse_args(argv)
 
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     mult = ts.mesh.devices.size
     rows = -(-len(eps) // mult) * mult
     batches = {name: collate(eps, replace(cfg, pad_id=tok.pad_id))[0]
-               for name, cfg in layouts(mult, rows, args.tasks).items()}
+               for name, cfg in layouts(mult, rows, args.tasks, tuple(int(b) for b in args.buckets.split(","))).items()}
     first = {}
     for name in LAYOUTS:  # compile each layout; its first update's loss is the same update's
         t0 = time.perf_counter()
