@@ -33,7 +33,7 @@ def rollout_batch_config(traj: TrajectoryConfig, rl: RLConfig, rollout: RolloutC
     batch is one update, not with mini-batches (TrajectoryConfig.share_prefix_min says why),
     and only when cutting the longest prompt (`prompt_len()`) out of the longest episode the
     budget allows lands it in a smaller length bucket: otherwise the rows pad to the same T and
-    the prefixes only add work (benchmarks/bench_update_layouts.py: multi-turn episodes up to
+    the prefixes only add work (`benchmarks/bench_update_layouts.py --buckets=1024`: episodes up to
     1024 tokens, ~175-token prompts). Never across processes (sharding.shard_local_batch) or in
     groups of one. With sharing the
     prefixes have one shape per run, which the loop precompiles: P a prefix per task and one
