@@ -10,7 +10,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_agent.model import kv_cache
-from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits, token_logprobs_and_entropy
 
 CFG = ModelConfig(

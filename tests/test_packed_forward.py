@@ -10,7 +10,7 @@ from test_shared_prefix import assert_same_gradient, assert_same_mini_batch_upda
 
 import trainer_worker as tw
 from jaxrl_agent.config import TrainConfig, TrajectoryConfig
-from jaxrl_agent.model.decoder import policy_outputs
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.trajectory import collate
 
 ROWS = TrajectoryConfig(buckets=(64,), share_prefix_min=0)  # room for 2-5 episodes a packed row

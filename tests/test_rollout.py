@@ -13,7 +13,8 @@ from jaxrl_agent.config import RolloutConfig, SamplingConfig
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.tasks import binary_search_task, generate_tasks
 from jaxrl_agent.env.tools import format_tool_call
-from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.sampling.engine import SamplingEngine, TurnResult
 from jaxrl_agent.tokenizer import ChatFormat, load_tokenizer
 

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_agent.config import SamplingConfig
-from jaxrl_agent.model.decoder import CausalLM, ModelConfig, policy_outputs
+from jaxrl_agent.model.decoder import CausalLM, ModelConfig
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.sampling.decode import process_logits, select_tokens
 from jaxrl_agent.sampling.engine import SamplingEngine
 

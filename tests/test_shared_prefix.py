@@ -11,7 +11,7 @@ import pytest
 import trainer_worker as tw
 from jaxrl_agent.config import LossConfig, MeshConfig, OptimConfig, TrainConfig, TrajectoryConfig
 from jaxrl_agent.losses.registry import LOSSES
-from jaxrl_agent.model.decoder import policy_outputs
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.train import sharding as sh
 from jaxrl_agent.train.step import make_optimizer, make_train_step
 from jaxrl_agent.trajectory import Episode, collate

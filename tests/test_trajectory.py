@@ -11,7 +11,7 @@ from flax import nnx
 
 import trainer_worker as tw
 from jaxrl_agent.config import TrajectoryConfig
-from jaxrl_agent.model.decoder import policy_outputs
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.trajectory import Episode, bucket_length, collate, preference_pairs
 
 

@@ -207,7 +207,7 @@ def dpo_loss_fn(out: PolicyOutputs, batch: TrainBatch, cfg: LossConfig):
 def reward_scores(out: PolicyOutputs, batch: TrainBatch) -> jax.Array:
     """A reward model's score of every row: its scalar head at the row's last policy token.
 
-    `out.values[:, t]` is read from position t - 1 (model.policy_outputs), so the head at the
+    `out.values[:, t]` is read from position t - 1 (model.outputs.policy_outputs), so the head at the
     last policy token `l` is `values[:, l + 1]`; `reward_model.pair_batch` appends one slot
     after every episode so that index exists. f32 [B]."""
     if out.values is None:

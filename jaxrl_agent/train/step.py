@@ -38,7 +38,8 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_agent.config import OptimConfig, TrainConfig
 from jaxrl_agent.losses import kernels as L
 from jaxrl_agent.losses.registry import ESTIMATORS, advantage_of, estimate_advantages
-from jaxrl_agent.model.decoder import CausalLM, policy_outputs
+from jaxrl_agent.model.decoder import CausalLM
+from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 from jaxrl_agent.train import lora as lora_lib
 from jaxrl_agent.train import sharding as sh
