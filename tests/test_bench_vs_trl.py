@@ -49,16 +49,16 @@ def test_worker_cpu_counts_the_children_a_worker_waited_for():
     worker forks and waits for, not only the worker's own time."""
     import subprocess
     import sys
-    import time
 
     bench = _bench("bench_vs_trl_agent")
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
-                               f"subprocess.run([sys.executable, '-c', {burn!r}])\ntime.sleep(30)"])
+    # the parent waits for a child that burns 0.4 s of CPU, says so, then blocks on its stdin
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                               f"subprocess.run([sys.executable, '-c', {burn!r}])\n"
+                               "print('done', flush=True)\nsys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 20
-        while bench.worker_cpu_s([parent.pid]) < 0.4 and time.time() < deadline:
-            time.sleep(0.05)
+        assert parent.stdout.readline().strip() == "done"
         assert 0.4 <= bench.worker_cpu_s([parent.pid]) < 5
     finally:
         parent.kill()
