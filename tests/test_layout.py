@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxrl_agent"
 # Lowest first. A module's layer is its first dotted component below jaxrl_agent.
 LAYERS = [
     ("env",),
-    ("config", "structs"),
+    ("config", "structs", "program_store"),
     ("chat_template", "tokenizer", "trajectory", "row_layout", "advantages"),
     ("losses",),
     ("model", "hf"),

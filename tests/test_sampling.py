@@ -166,6 +166,28 @@ def test_row_independence(model, eng):
             np.testing.assert_allclose(slp0, slp1, atol=1e-5)
 
 
+def test_stored_programs_sample_what_the_jit_samples(model, eng, tmp_path, monkeypatch):
+    """With the program store on (program_store.py; the CLI's persistent cache), an engine
+    samples exactly what the plain jit's engine samples, and a second engine (a warm start)
+    loads the prefill and decode programs from disk without tracing them."""
+    from jaxrl_agent import program_store
+    from jaxrl_agent.sampling import decode
+
+    prompts, obs = [_prompt(110, 6), _prompt(111, 19)], [[_prompt(112, 3), _prompt(113, 5)]] * 2
+    want = _rollout(eng, prompts, [3, 4], obs)
+    monkeypatch.setattr(program_store, "DIRECTORY", str(tmp_path))
+    traced = []
+    for name in ("prefill_rows", "generate"):
+        real = getattr(decode, name)
+        monkeypatch.setattr(decode, name, lambda *a, _f=real, _n=name, **k: traced.append(_n) or _f(*a, **k))
+    cold = _rollout(SamplingEngine(model, SAMPLE), prompts, [3, 4], obs)
+    assert "generate" in traced and "prefill_rows" in traced
+    traced.clear()
+    warm = _rollout(SamplingEngine(model, SAMPLE), prompts, [3, 4], obs)
+    assert traced == []
+    assert cold == want and warm == want
+
+
 def test_decode_windows_change_no_token(model, eng):
     """Windowed decoding (W = 16: four loops over S = 64) samples the same tokens, with the
     same log-probs up to rounding, as attending to all S slots in one loop."""

@@ -40,6 +40,7 @@ from jaxrl_agent.model import kv_cache
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.model.kv_cache import KVCache
 from jaxrl_agent.model.logprobs import logp_and_entropy_from_logits
+from jaxrl_agent.program_store import StoredJit
 
 _FILTERED = -1e30  # logit of a token removed by top-k / top-p (finite: no inf - inf NaNs)
 PAD_ID = -1  # token id written to output slots past a row's last sampled token
@@ -328,7 +329,9 @@ def generate(
 
 
 def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
-    """Jit `prefill` and `generate` as functions of the model's state (params) pytree.
+    """Jit `prefill` and `generate` as functions of the model's state (params) pytree, each a
+    `program_store.StoredJit` (called like the jit; with the persistent compilation cache on, a
+    later process loads its programs without tracing them).
 
     The params are an argument, not a closure constant, so a new set of params with the same
     shapes and dtypes (every RL iteration) reuses the compiled code. The cache and logits
@@ -343,13 +346,13 @@ def make_sampler_fns(graphdef: nnx.GraphDef, config: SamplingConfig):
       bucket sizes).
     """
 
-    @partial(jax.jit, donate_argnums=(1, 2))
     def prefill_fn(state, cache, logits, rows, tokens, valid, reset):
         return prefill_rows(nnx.merge(graphdef, state), cache, logits, rows, tokens, valid, reset)
 
-    @partial(jax.jit, donate_argnums=(1, 2))
     def generate_fn(state, cache, logits, rows, base_seed, episode_seeds, active, max_new, stop_ids):
         return generate(nnx.merge(graphdef, state), cache, logits, base_seed, episode_seeds, active, max_new,
                         stop_ids, config=config, rows=rows)
 
-    return prefill_fn, generate_fn
+    # Kept on disk by shapes (program_store.py): a warm start loads them without tracing.
+    return (StoredJit(prefill_fn, "prefill", graphdef, donate_argnums=(1, 2)),
+            StoredJit(generate_fn, "decode", (graphdef, config), donate_argnums=(1, 2)))

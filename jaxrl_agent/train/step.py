@@ -40,6 +40,7 @@ from jaxrl_agent.losses import kernels as L
 from jaxrl_agent.losses.registry import ESTIMATORS, advantage_of, estimate_advantages
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.model.outputs import policy_outputs
+from jaxrl_agent.program_store import StoredJit
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 from jaxrl_agent.train import lora as lora_lib
 from jaxrl_agent.train import sharding as sh
@@ -187,8 +188,13 @@ class TrainStep:
         self.replicated = repl
         in_sh = (self.state_shardings, self.batch_sharding)
         self._xla = dict(cfg.compiler_options) or None
-        self.step = jax.jit(self._step, in_shardings=in_sh, out_shardings=(self.state_shardings, repl), donate_argnums=0,
-                            compiler_options=self._xla)
+        # The step's programs are kept on disk by batch shape (program_store.py): a warm start
+        # loads them without tracing. The key holds everything the trace reads from this object.
+        self._stored = StoredJit(self._step, "train_step", (
+            loss_fn, optimizer, cfg, self.mesh, self._graphdef, self.param_shapes, self.param_logical,
+            self.advantage, self.has_critic), in_shardings=in_sh, out_shardings=(self.state_shardings, repl),
+            donate_argnums=0, compiler_options=self._xla)
+        self.step = self._stored.jitted
         self.grads = jax.jit(self._grads_only, in_shardings=in_sh, out_shardings=(repl, repl, self.trainable_shardings),
                              compiler_options=self._xla)
         self.outputs = jax.jit(lambda s, b: self._outputs(self._policy(s.params, s.frozen), b),
@@ -251,7 +257,7 @@ class TrainStep:
         future = self._compiled.get(_signature(batch))
         if future is not None and not future.cancelled() and future.exception() is None:  # waits if in flight
             return future.result()(state, batch)
-        return self.step(state, batch)
+        return self._stored(state, batch)
 
     def precompile(self, batches) -> list:
         """Compile the step, in a background thread, for each host batch's shapes (its rows are
@@ -268,7 +274,7 @@ class TrainStep:
                                                                x.dtype, sharding=self.batch_sharding), batch)
             key = _signature(glob)
             if key not in self._compiled:
-                self._compiled[key] = self._compiler.submit(lambda g=glob: self.step.lower(state, g).compile())
+                self._compiled[key] = self._compiler.submit(lambda g=glob: self._stored.program(state, g))
             futures.append(self._compiled[key])
         return futures
 
