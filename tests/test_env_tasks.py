@@ -176,3 +176,20 @@ def test_malformed_json_and_duplicates(tmp_path):
     with pytest.raises(TaskFormatError, match="JSON object"):
         task_from_dict([1, 2])
     assert isinstance(task_from_dict(task_to_dict(binary_search_task())), Task)
+
+
+def test_generated_tasks_are_made_when_read_and_equal_generate_tasks():
+    """GeneratedTasks (the RL loop's default tasks) reads task i alone, in any order, and its
+    tasks are generate_tasks' (the same ids, files and tests)."""
+    from jaxrl_agent.env.tasks import GeneratedTasks
+
+    want = generate_tasks("train", 12, 3)
+    lazy = GeneratedTasks("train", 12, 3)
+    assert len(lazy) == 12 and not lazy._made
+    assert lazy[7] == want[7] and set(lazy._made) == {7}
+    assert lazy[-1] == want[-1] and lazy[2:5] == want[2:5]
+    assert [t.task_id for t in lazy] == [t.task_id for t in want]
+    with pytest.raises(IndexError):
+        lazy[12]
+    with pytest.raises(ValueError, match="unknown split"):
+        GeneratedTasks("tarin", 3, 0)

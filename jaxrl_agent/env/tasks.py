@@ -21,6 +21,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -262,18 +263,40 @@ def generate_tasks(split: str, n: int, seed: int) -> list[Task]:
     Templates are used round-robin in a seed-shuffled order, so any n >= the number of
     templates of the split covers all of them.
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
-    names = list(HELDOUT_TEMPLATES if split == "heldout_templates" else TRAIN_TEMPLATES)
-    random.Random(f"order|{split}|{seed}").shuffle(names)
-    tasks = []
-    for i in range(n):
-        # String seeds hash with sha512: stable across processes and PYTHONHASHSEED.
-        rng = random.Random(f"{split}|{seed}|{i}")
-        tasks.append(make_instance(TEMPLATES[names[i % len(names)]], rng, split=split, seed=seed))
-    return tasks
+    return list(GeneratedTasks(split, n, seed))
+
+
+class GeneratedTasks(Sequence):
+    """`generate_tasks(split, n, seed)` as a sequence that makes each task when it is first
+    read (then keeps it): a run that trains on a few of 512 tasks does not wait to check all
+    of them before its first iteration (`benchmarks/bench_startup.py`). Task i depends on
+    (split, seed, i) alone, so reading in any order gives the same tasks."""
+
+    def __init__(self, split: str, n: int, seed: int):
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int, got {n!r}")
+        self.split, self.n, self.seed = split, n, seed
+        self._names = list(HELDOUT_TEMPLATES if split == "heldout_templates" else TRAIN_TEMPLATES)
+        random.Random(f"order|{split}|{seed}").shuffle(self._names)
+        self._made: dict[int, Task] = {}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(f"task {i} of {self.n}")
+        i %= self.n
+        if i not in self._made:
+            # String seeds hash with sha512: stable across processes and PYTHONHASHSEED.
+            rng = random.Random(f"{self.split}|{self.seed}|{i}")
+            self._made[i] = make_instance(TEMPLATES[self._names[i % len(self._names)]], rng, split=self.split,
+                                          seed=self.seed)
+        return self._made[i]
 
 
 # ---- JSONL io ----

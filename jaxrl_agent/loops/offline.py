@@ -48,7 +48,9 @@ class DataIterator:
         if group_by_length > 1 and (lengths is None or len(lengths) != len(items)):
             raise ValueError(f"group_by_length={group_by_length} needs one length per item "
                              f"(got {'none' if lengths is None else len(lengths)} for {len(items)} items)")
-        self.items, self.batch_size, self.seed, self.shuffle = list(items), batch_size, seed, shuffle
+        # a Sequence is kept as given (env.tasks.GeneratedTasks makes an item when first read)
+        items = items if isinstance(items, Sequence) else list(items)
+        self.items, self.batch_size, self.seed, self.shuffle = items, batch_size, seed, shuffle
         self.lengths = None if group_by_length <= 1 else np.asarray(lengths)
         self.group = group_by_length
         self.epoch, self.index = 0, 0

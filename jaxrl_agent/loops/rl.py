@@ -41,7 +41,7 @@ from jaxrl_agent.config import (CheckpointConfig, OptimConfig, RewardConfig, RLC
                                 TrainConfig, TrajectoryConfig)
 from jaxrl_agent.env.sandbox import Sandbox
 from jaxrl_agent.env.sandbox_memo import MEMO_ENTRIES
-from jaxrl_agent.env.tasks import Task, generate_tasks, workspace_files
+from jaxrl_agent.env.tasks import GeneratedTasks, Task, workspace_files
 from jaxrl_agent.env.tools import ToolConfig, create_workspaces
 from jaxrl_agent.env.verifier import load_checked_tasks, verify
 from jaxrl_agent.loops.evaluate import collect_share, evaluate, gather_episodes
@@ -116,8 +116,9 @@ def train_rl(model, tokenizer, *, rl: RLConfig, rollout: RolloutConfig, sampling
                 train_tasks = load_checked_tasks(rl.train_file, sandbox)
             if eval_tasks is None and rl.eval_file:
                 eval_tasks = load_checked_tasks(rl.eval_file, sandbox)
-    train_tasks = train_tasks or generate_tasks(rl.train_split, rl.num_train_tasks, rl.seed)
-    eval_tasks = eval_tasks or generate_tasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
+    # made when first read: the first iteration waits for its own tasks only
+    train_tasks = train_tasks or GeneratedTasks(rl.train_split, rl.num_train_tasks, rl.seed)
+    eval_tasks = eval_tasks or GeneratedTasks(rl.eval_split, rl.eval_tasks, rl.seed + 1)
     if not 1 <= rl.tasks_per_iter <= len(train_tasks):
         raise ValueError(f"rl.tasks_per_iter={rl.tasks_per_iter} must be in [1, {len(train_tasks)}], the number of "
                          f"training tasks{f' in {rl.train_file}' if rl.train_file else ''}")
