@@ -27,8 +27,9 @@ _ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _quiet = _ADVICE not in os.environ
 if _quiet:
     os.environ[_ADVICE] = "1"
-try:
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+try:  # AutoTokenizer only where mode "auto" needs it: its import pulls transformers' model
+    # configs (and torch, where installed) into every start-up (benchmarks/bench_startup.py)
+    from transformers import PreTrainedTokenizerFast
 finally:
     if _quiet:
         del os.environ[_ADVICE]
@@ -131,6 +132,8 @@ def load_tokenizer(path: str | None = None, mode: str = "file") -> Tokenizer:
             raise FileNotFoundError(f"tokenizer mode 'file' reads {path}/tokenizer.json, which is missing: "
                                     "use mode 'auto' (--policy.tokenizer=auto) to let transformers build it")
         return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
+    from transformers import AutoTokenizer
+
     return Tokenizer(AutoTokenizer.from_pretrained(path))
 
 
