@@ -47,6 +47,9 @@ import numpy as np
 
 FORMAT = 1  # bump when the file layout changes
 DIRECTORY: str | None = None  # where programs go when set; None: `programs/` beside JAX's persistent cache
+# Every edit of the package re-keys every program, so old files pile up: the least recently
+# used go once the directory passes this size (a program of the demo's train step is ~150 KB).
+MAX_BYTES = 256 << 20
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _LIBRARIES = ("jax", "jaxlib", "flax", "optax", "numpy")
 
@@ -300,7 +303,9 @@ def _read(path: str):
             return None
         from jax import export
 
-        return export.deserialize(bytearray(record["exported"])), record["out_tree"]
+        loaded = export.deserialize(bytearray(record["exported"])), record["out_tree"]
+        os.utime(path)  # used now: the last to be evicted
+        return loaded
     except FileNotFoundError:
         return None
     except Exception:  # noqa: BLE001  (a truncated or foreign file: export again, overwrite it)
@@ -315,5 +320,27 @@ def _write(path: str, loaded: tuple) -> None:
         with open(tmp, "wb") as f:
             pickle.dump({"format": FORMAT, "exported": exported.serialize(), "out_tree": out_tree}, f)
         os.replace(tmp, path)
+        _evict(os.path.dirname(path), MAX_BYTES)
     except OSError as e:  # a read-only or full disk: the program still runs, it is traced again next time
         warnings.warn(f"program store: could not write {path} ({e})", stacklevel=4)
+
+
+def _evict(directory: str, max_bytes: int) -> None:
+    """Delete the least recently used programs until the directory holds at most `max_bytes`."""
+    entries = []
+    for entry in os.scandir(directory):
+        if entry.name.endswith(".bin"):
+            try:
+                st = entry.stat()
+            except OSError:  # removed by another process meanwhile
+                continue
+            entries.append((st.st_mtime, st.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+        total -= size

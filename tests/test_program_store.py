@@ -94,6 +94,20 @@ def test_a_damaged_file_is_rebuilt(store):
     assert path.read_bytes() != b"not a program"
 
 
+def test_the_least_recently_used_programs_go_past_the_size_bound(store, monkeypatch):
+    y = np.ones((2, 3), np.float32)
+    f = make(Cfg(2.0))
+    f(jnp.arange(1.0), y)
+    (first,) = store.iterdir()
+    monkeypatch.setattr(ps, "MAX_BYTES", 2 * first.stat().st_size + 64)
+    os.utime(first, (1, 1))  # long unused
+    f(jnp.arange(2.0), y)
+    make(Cfg(2.0))(jnp.arange(1.0), y)  # a new process reads the first: it is recent again
+    f(jnp.arange(3.0), y)  # a third program: the bound keeps two
+    names = {p.name for p in store.iterdir()}
+    assert len(names) == 2 and first.name in names
+
+
 def test_off_without_a_persistent_cache_and_for_what_it_cannot_describe(store, monkeypatch):
     class Opaque:
         pass
