@@ -6,6 +6,9 @@ run of `python -m jaxrl_agent demo` loads them from disk instead (`benchmarks/be
 measures the time to the first iteration, cold cache against warm).
 
     enable()  ->  <cache root>/<jax, jaxlib, machine and CPU fingerprint>/   (jax_compilation_cache_dir)
+                                                                  programs/ (program_store.py: the
+                                                                  train step's and sampler's programs
+                                                                  by shape, loaded without tracing)
 
 Where: `$JAXRL_AGENT_COMPILE_CACHE` if set (a directory, or `off` to disable), else
 `$XDG_CACHE_HOME/jaxrl_agent/xla`, else `~/.cache/jaxrl_agent/xla`. The CLI's
