@@ -21,6 +21,11 @@ cells, referenced globals) and arrays into text; anything it cannot describe exa
 object whose repr is its address) turns the store off for that function, which then runs as
 the plain jit: a wrong program is never loaded, a program is at worst traced again.
 
+Trust: a file here is loaded with pickle and run as a program, as the executables beside it in
+JAX's own cache are; whoever can write either directory already runs code in the trainer, so
+the store adds no new way in (the sandbox's "namespaces" and "uid" levels run the agent's code
+as another user, who cannot write the trainer's home; "basic" confines no files, env/sandbox.py).
+
 The store is on only where JAX's persistent cache is (the CLI and the study turn it on,
 cli/compile_cache.py; tests and library users that never set it get the plain jit), in one
 process (`jax.process_count() == 1`), with `flatbuffers` installed; a function that cannot be
