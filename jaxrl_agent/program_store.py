@@ -14,8 +14,9 @@ A program exported with `jax.export` by argument shapes needs neither on the nex
       -> jax.jit(exported.call).lower().compile()   (the persistent cache hit on a warm start)
 
 The key is everything that decides the trace: `name`, the caller's `fingerprint` (the values
-its traced function closes over, e.g. the train step's constructor arguments), a digest of this
-package's source files, the jax / jaxlib / flax / optax / numpy versions, the backend and its
+its traced function closes over, e.g. the train step's constructor arguments) and the jit's own
+settings, a digest of this package's source files, the jax / jaxlib / flax / optax / numpy
+versions, JAX's trace settings (x64, matmul precision, ...) and XLA flags, the backend and its
 devices, and the signature. `fingerprint` turns configs, functions (code, defaults, closure
 cells, referenced globals) and arrays into text; anything it cannot describe exactly (an
 object whose repr is its address) turns the store off for that function, which then runs as
@@ -83,6 +84,19 @@ def _environment() -> str:
     versions = [f"{lib}={getattr(sys.modules.get(lib), '__version__', None)}" for lib in _LIBRARIES]
     devices = [f"{d.platform}:{d.device_kind}:{d.id}" for d in jax.devices()]
     return "|".join([f"format={FORMAT}", source_digest(), *versions, jax.default_backend(), *devices])
+
+
+def _trace_settings() -> str:
+    """JAX's settings a trace reads (x64, matmul precision, promotion rules, ...), thread-local
+    overrides included: what `jax.jit` keys its own trace cache by (`trace_context`, private;
+    the global values where it is missing), and the XLA flags."""
+    try:
+        from jax._src import config as jax_config
+
+        items = list(jax_config.trace_context())
+    except (ImportError, AttributeError):
+        items = sorted(jax.config.values.items())
+    return repr([x for x in items if " at 0x" not in repr(x)]) + "|" + os.environ.get("XLA_FLAGS", "")
 
 
 def fingerprint(obj: Any, _seen: frozenset = frozenset()) -> str:
@@ -211,8 +225,8 @@ class StoredJit:
         self._options = jit_kwargs.get("compiler_options")
         self._programs: dict = {}
         self._lock = threading.Lock()
-        try:
-            self._fingerprint = hashlib.sha256(fingerprint(fingerprint_of).encode()).hexdigest()
+        try:  # the jit's own settings (shardings, donation, options) are part of what it compiles
+            self._fingerprint = hashlib.sha256(fingerprint((fingerprint_of, jit_kwargs)).encode()).hexdigest()
         except Unfingerprintable as e:
             self._fingerprint = None
             self._why_off = str(e)
@@ -255,7 +269,8 @@ class StoredJit:
             return self.jitted.lower(*jax.tree.unflatten(tree, avals)).compile()
         donated = self._flat_donated(tree)
         sig_text = repr((str(tree), [(a.shape, str(a.dtype), a.weak_type, repr(a.sharding)) for a in avals], donated))
-        key = hashlib.sha256("\n".join([_environment(), self.name, self._fingerprint, sig_text]).encode()).hexdigest()
+        key = hashlib.sha256("\n".join([_environment(), _trace_settings(), self.name, self._fingerprint,
+                                        sig_text]).encode()).hexdigest()
         path = os.path.join(directory, f"{self.name}-{key[:32]}.bin")
         loaded = _read(path)
         if loaded is None:

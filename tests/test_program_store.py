@@ -70,6 +70,17 @@ def test_what_the_trace_reads_is_in_the_key(store):
     np.testing.assert_array_equal(make(Cfg(2.0))(jnp.arange(4), y)["z"], jnp.arange(4) * 2.0 + 6)
 
 
+def test_jax_settings_a_trace_reads_are_in_the_key(store):
+    """A program traced under another matmul precision or promotion rule is another program."""
+    x, y = jnp.arange(4.0), np.ones((2, 3), np.float32)
+    make(Cfg(2.0))(x, y)
+    with jax.default_matmul_precision("bfloat16"):
+        make(Cfg(2.0))(x, y)
+    with jax.numpy_dtype_promotion("strict"):
+        make(Cfg(2.0))(x, y)
+    assert len(os.listdir(store)) == 3
+
+
 def test_donated_arguments_stay_donated(store):
     f = ps.StoredJit(lambda a, b: (a + b, b * 2), "donate", "v1", donate_argnums=0)
     a, b = jnp.ones(8), jnp.ones(8)
