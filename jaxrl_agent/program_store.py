@@ -86,17 +86,22 @@ def _environment() -> str:
     return "|".join([f"format={FORMAT}", source_digest(), *versions, jax.default_backend(), *devices])
 
 
-def _trace_settings() -> str:
+def _trace_context() -> tuple:
     """JAX's settings a trace reads (x64, matmul precision, promotion rules, ...), thread-local
     overrides included: what `jax.jit` keys its own trace cache by (`trace_context`, private;
-    the global values where it is missing), and the XLA flags."""
+    the global values where it is missing)."""
     try:
         from jax._src import config as jax_config
 
-        items = list(jax_config.trace_context())
+        return tuple(jax_config.trace_context())
     except (ImportError, AttributeError):
-        items = sorted(jax.config.values.items())
-    return repr([x for x in items if " at 0x" not in repr(x)]) + "|" + os.environ.get("XLA_FLAGS", "")
+        return tuple(sorted(jax.config.values.items()))
+
+
+def _trace_settings(context: tuple) -> str:
+    """`_trace_context()` as text for the file key (less objects known only by address), and
+    the XLA flags."""
+    return repr([x for x in context if " at 0x" not in repr(x)]) + "|" + os.environ.get("XLA_FLAGS", "")
 
 
 def fingerprint(obj: Any, _seen: frozenset = frozenset()) -> str:
@@ -246,7 +251,8 @@ class StoredJit:
     def program(self, *args) -> Callable:
         leaves, tree = jax.tree.flatten(args)
         avals = tuple(_abstract(x) for x in leaves)
-        sig = (tree, tuple((a.shape, a.dtype, a.weak_type, a.sharding) for a in avals))
+        context = _trace_context()  # as jit: other settings, another program
+        sig = (tree, tuple((a.shape, a.dtype, a.weak_type, a.sharding) for a in avals), context)
         with self._lock:
             future = self._programs.get(sig)
             owner = future is None
@@ -255,7 +261,7 @@ class StoredJit:
         if not owner:
             return future.result()
         try:
-            future.set_result(self._build(tree, avals))
+            future.set_result(self._build(tree, avals, context))
         except BaseException as e:
             future.set_exception(e)
             with self._lock:
@@ -263,13 +269,13 @@ class StoredJit:
             raise
         return future.result()
 
-    def _build(self, tree, avals: tuple) -> Callable:
+    def _build(self, tree, avals: tuple, context: tuple) -> Callable:
         directory = store_dir()
         if directory is None or self._fingerprint is None:
             return self.jitted.lower(*jax.tree.unflatten(tree, avals)).compile()
         donated = self._flat_donated(tree)
         sig_text = repr((str(tree), [(a.shape, str(a.dtype), a.weak_type, repr(a.sharding)) for a in avals], donated))
-        key = hashlib.sha256("\n".join([_environment(), _trace_settings(), self.name, self._fingerprint,
+        key = hashlib.sha256("\n".join([_environment(), _trace_settings(context), self.name, self._fingerprint,
                                         sig_text]).encode()).hexdigest()
         path = os.path.join(directory, f"{self.name}-{key[:32]}.bin")
         loaded = _read(path)

@@ -71,14 +71,16 @@ def test_what_the_trace_reads_is_in_the_key(store):
 
 
 def test_jax_settings_a_trace_reads_are_in_the_key(store):
-    """A program traced under another matmul precision or promotion rule is another program."""
+    """A program traced under another matmul precision or promotion rule is another program, on
+    disk and in memory (as jit retraces)."""
     x, y = jnp.arange(4.0), np.ones((2, 3), np.float32)
-    make(Cfg(2.0))(x, y)
+    f = make(Cfg(2.0))
+    f(x, y)
     with jax.default_matmul_precision("bfloat16"):
-        make(Cfg(2.0))(x, y)
+        f(x, y)
     with jax.numpy_dtype_promotion("strict"):
         make(Cfg(2.0))(x, y)
-    assert len(os.listdir(store)) == 3
+    assert len(os.listdir(store)) == 3 and len(f._programs) == 2
 
 
 def test_donated_arguments_stay_donated(store):
