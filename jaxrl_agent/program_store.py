@@ -232,9 +232,8 @@ class StoredJit:
         self._lock = threading.Lock()
         try:  # the jit's own settings (shardings, donation, options) are part of what it compiles
             self._fingerprint = hashlib.sha256(fingerprint((fingerprint_of, jit_kwargs)).encode()).hexdigest()
-        except Unfingerprintable as e:
+        except Unfingerprintable:  # the plain jit, every call
             self._fingerprint = None
-            self._why_off = str(e)
         self.lower = self.jitted.lower
 
     def enabled(self) -> bool:
