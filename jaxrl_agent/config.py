@@ -87,12 +87,13 @@ class SamplingConfig:
     """Allowed prefill chunk lengths; a chunk is padded up to the smallest bucket that fits."""
     prefill_row_buckets: tuple[int, ...] = ()
     """Allowed row counts of one prefill call: the rows with text to prefill are padded up to
-    the smallest that fits (batch_size is always allowed). Empty: ceil(B/4), ceil(B/2), B."""
+    the smallest that fits (batch_size is always allowed). Empty: 1, ceil(B/4), B."""
     decode_row_buckets: tuple[int, ...] = ()
     """Allowed row counts of one decode loop: the rows in a turn are gathered into the smallest
     that holds them (with rows that stand still), decoded, and written back, so a step costs
     the rows that decode, not B (`sampling.generate`'s rows; batch_size is always allowed). Empty:
-    the prefill row buckets. (batch_size,) decodes every call on all B rows."""
+    the prefill row buckets when those are given, else ceil(B/4), ceil(B/2), B. (batch_size,)
+    decodes every call on all B rows."""
     seed: int = 0
     """Base PRNG seed; a row's stream is also keyed by its episode seed and token position."""
     share_prefix_min: int = 32

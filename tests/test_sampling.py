@@ -443,13 +443,15 @@ def test_multi_turn_equals_reprefilled_conversation(eng):
 
 
 def test_flush_prefills_only_staged_rows_per_bucket(eng, full_forward):
-    """A flush whose rows need different buckets (or nothing) runs one prefill per bucket on
-    just those rows; every row's logits still predict the token after its whole sequence,
-    and a row with nothing staged keeps its logits."""
+    """A flush whose rows need different buckets (or nothing) runs the planned prefills on
+    just those rows (`prefill_plan`); every row's logits still predict the token after its
+    whole sequence, and a row with nothing staged keeps its logits."""
     prompts = [_prompt(70 + b, n) for b, n in enumerate((5, 12, 3, 6))]
     for b in range(4):
         eng.start_episode(b, prompts[b], seed=b)
-    eng.flush()  # buckets 8 and 16: two calls, on 3 rows (padded to 4) and 1 row
+    slots = eng.prefill_slots
+    eng.flush()  # buckets 8 and 16: cheapest as one call of 4 rows x 16 (two calls cost more)
+    assert eng.prefill_slots - slots == 4 * 16
     before = np.asarray(eng.logits).copy()
     extra = {0: _prompt(80, 20), 2: _prompt(81, 4)}  # buckets 32 and 8; rows 1 and 3 stay put
     padded = eng.tokens_prefill_padded
@@ -457,6 +459,7 @@ def test_flush_prefills_only_staged_rows_per_bucket(eng, full_forward):
         eng.append(b, ids)
     eng.flush()
     assert eng.tokens_prefill_padded - padded == 32 + 8  # per bucket, not B x the longest
+    assert eng.prefill_slots - slots - 4 * 16 == 32 + 8  # two one-row calls, no padding rows
     seqs = [eng.tokens(b) for b in range(4)]
     assert seqs[0] == prompts[0] + extra[0] and seqs[1] == prompts[1]
     ref, _ = full_forward(seqs)
@@ -524,11 +527,12 @@ def test_no_compilation_after_warmup(model, eng):
     perturbed = nnx.state(_perturbed(seed=3))
     eng.warmup()
     before = eng.num_compiled()
-    assert eng.row_buckets == (1, 2, 4)  # ceil(B/4), ceil(B/2), B for B = 4
-    # + a decode loop per decode row bucket (the same buckets), + the prefix copy (compiled
-    # once per cache placement the module's earlier tests gave it)
-    assert eng.decode_row_buckets == eng.row_buckets
-    assert before == len(eng.row_buckets) * (len(SAMPLE.prefill_buckets) + 1) + eng._copy_fn._cache_size()
+    assert eng.row_buckets == (1, 4)  # 1, ceil(B/4), B for B = 4
+    # + a decode loop per decode row bucket, + the prefix copy (compiled once per cache
+    # placement the module's earlier tests gave it)
+    assert eng.decode_row_buckets == (1, 2, 4)  # ceil(B/4), ceil(B/2), B
+    assert before == (len(eng.row_buckets) * len(SAMPLE.prefill_buckets) + len(eng.decode_row_buckets)
+                      + eng._copy_fn._cache_size())
     assert eng._copy_fn._cache_size() >= 1
     compiles = []
 

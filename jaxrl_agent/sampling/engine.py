@@ -20,9 +20,9 @@ decode batch at the chunk's end for its tool call, and rows whose tool results a
 their next turn, so the decode loop runs on rows mid-turn rather than on a turn's stragglers.
 
 Text staged by `start_episode` / `append` is prefilled lazily by the next `advance` (or
-`flush`): one prefill call per bucket length in use, each on just the rows whose chunk needs
-that bucket (padded to a row bucket), so a flush costs what was staged, not B rows of the
-longest chunk. A decode call likewise runs on the rows in a turn, gathered into the smallest
+`flush`): in the prefill calls (row bucket x length bucket, each on just some of the staged
+rows) that `prefill_plan.plan_prefill` finds cheapest, so a flush costs what was staged, not B
+rows of the longest chunk. A decode call likewise runs on the rows in a turn, gathered into the smallest
 decode row bucket that holds them. Only bucketed shapes ever reach the compiled functions: one
 prefill per (row bucket, length bucket) and one decode loop per decode row bucket, so after
 `warmup` a whole multi-turn rollout (and every later iteration with new params) compiles
@@ -42,6 +42,7 @@ from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.sampling.decode import copy_rows, make_sampler_fns
 from jaxrl_agent.sampling.engine_config import check_config, row_buckets
+from jaxrl_agent.sampling.prefill_plan import plan_prefill
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class SamplingEngine:
         # ---- counters (benchmarks): tokens that entered the cache, and prefill compute incl. padding ----
         self.tokens_prefilled = 0
         self.tokens_prefill_padded = 0
+        self.prefill_slots = 0  # rows x length of every prefill call (padding rows included)
         self.tokens_decoded = 0
         self.tokens_shared = 0  # prompt tokens copied from a cached prefix instead of prefilled
         self.decode_steps = 0  # decode loop iterations
@@ -208,7 +210,7 @@ class SamplingEngine:
     # ---- device calls ----
 
     def flush(self) -> None:
-        """Prefill every staged chunk: one call per length bucket, on the rows that need it.
+        """Prefill every staged chunk, in the calls `prefill_plan.plan_prefill` picks.
 
         Shared prompt prefixes (`start_episode`) are copied first from rows whose cache held
         them before this flush; rows sharing with a prompt staged in this same flush (a
@@ -247,26 +249,27 @@ class SamplingEngine:
         self.tokens_shared += int(n[rows].sum())
 
     def _prefill(self, rows: np.ndarray, lens: np.ndarray) -> None:
-        """Device: prefill the staged chunk of every row in the mask `rows`, per length bucket."""
+        """Device: prefill the staged chunk of every row in the mask `rows`, in the calls
+        `prefill_plan.plan_prefill` picks (the least padded work over the compiled shapes)."""
         # _check_fits guarantees every chunk has a bucket.
-        need = {int(b): next(t for t in self.buckets if t >= lens[b]) for b in np.flatnonzero(rows & (lens > 0))}
-        for t in sorted(set(need.values())):
-            group = [b for b, tb in need.items() if tb == t]
-            r = next(n for n in self.row_buckets if n >= len(group))
+        staged = {int(b): int(lens[b]) for b in np.flatnonzero(rows & (lens > 0))}
+        for call in plan_prefill(staged, self.row_buckets, self.buckets):
+            r, t, group, mine = call.num_rows, call.length, list(call.rows), set(call.rows)
             # Pad with other rows, distinct so the scatter back is well defined: no valid
             # token and no reset leaves them as they are.
-            order = group + [b for b in range(self.config.batch_size) if need.get(b) != t]
+            order = group + [b for b in range(self.config.batch_size) if b not in mine]
             order = np.array(order[:r] if r < self.config.batch_size else sorted(order), np.int32)
             tokens = np.zeros((r, t), np.int32)  # [R, T]
             valid = np.zeros((r, t), np.int32)
             reset = np.zeros(r, bool)
             for i, b in enumerate(order):
-                if need.get(int(b)) == t:
+                if int(b) in mine:
                     tokens[i, : lens[b]] = self._staged[b]
                     valid[i, : lens[b]] = 1
                     reset[i] = self._reset[b]
             self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, order, tokens, valid, reset)
             self.tokens_prefill_padded += len(group) * t
+            self.prefill_slots += r * t
 
     def sample_turn(self, rows: Sequence[int] | None = None, *, max_new_tokens: int | None = None) -> TurnResult:
         """Sample one whole turn for `rows` (default: every row holding an episode), in one loop.

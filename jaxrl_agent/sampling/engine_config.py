@@ -35,9 +35,13 @@ def episode_engine(tokenizer, rollout: RolloutConfig, sampling: SamplingConfig |
 
 def row_buckets(cfg: SamplingConfig, decode: bool = False) -> tuple[int, ...]:
     """The allowed row counts of a prefill call (of a decode call with `decode`), ascending,
-    always ending with B."""
+    always ending with B.
+
+    Defaults: a prefill 1, ceil(B/4), B (a flush in a multi-turn rollout is often one row's
+    tool result: `prefill_plan.py`); a decode ceil(B/4), ceil(B/2), B (benchmarks/bench_rollout.py)."""
     b = cfg.batch_size
-    given = (decode and cfg.decode_row_buckets) or cfg.prefill_row_buckets or (-(-b // 4), -(-b // 2))
+    default = (-(-b // 4), -(-b // 2)) if decode else (1, -(-b // 4))
+    given = (decode and cfg.decode_row_buckets) or cfg.prefill_row_buckets or default
     return tuple(sorted(set(given) | {b}))
 
 
