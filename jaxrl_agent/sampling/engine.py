@@ -42,7 +42,7 @@ from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.sampling.decode import copy_rows, make_sampler_fns
 from jaxrl_agent.sampling.engine_config import check_config, row_buckets
-from jaxrl_agent.sampling.prefill_plan import plan_prefill
+from jaxrl_agent.sampling.prefill_plan import PrefillCall, plan_prefill
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,7 @@ class SamplingEngine:
         `prefill_plan.plan_prefill` picks (the least padded work over the compiled shapes)."""
         # _check_fits guarantees every chunk has a bucket.
         staged = {int(b): int(lens[b]) for b in np.flatnonzero(rows & (lens > 0))}
-        for call in plan_prefill(staged, self.row_buckets, self.buckets):
+        for call in self._plan(staged):
             r, t, group, mine = call.num_rows, call.length, list(call.rows), set(call.rows)
             # Pad with other rows, distinct so the scatter back is well defined: no valid
             # token and no reset leaves them as they are.
@@ -270,6 +270,11 @@ class SamplingEngine:
             self.cache, self.logits = self._prefill_fn(self.state, self.cache, self.logits, order, tokens, valid, reset)
             self.tokens_prefill_padded += len(group) * t
             self.prefill_slots += r * t
+
+    def _plan(self, staged: dict[int, int]) -> list[PrefillCall]:
+        """The prefill calls of one flush ({row: staged tokens}); a benchmark's former plan
+        overrides it (benchmarks/bench_prefill_plan.py)."""
+        return plan_prefill(staged, self.row_buckets, self.buckets)
 
     def sample_turn(self, rows: Sequence[int] | None = None, *, max_new_tokens: int | None = None) -> TurnResult:
         """Sample one whole turn for `rows` (default: every row holding an episode), in one loop.

@@ -6,10 +6,10 @@
 
 A prefill call runs the model on R rows x T slots, R and T from the engine's buckets, so a
 call's cost is set by its padded shape, not by the tokens in it. In a multi-turn rollout a
-flush holds a few rows of short tool results (median ~32 tokens, a few rows per flush in the
-agent benchmark): one call per length bucket, each padded to a row bucket of at least B/4,
-ran ~4x more slots than tokens. Here the rows are split to minimise an estimated cost over
-every way of grouping them (`call_cost`).
+flush mostly holds one or a few rows of short tool results: one call per length bucket, each
+padded to a row bucket of at least B/4 (the former flush), ran mostly padding. Here the rows
+are split to minimise an estimated cost over every way of grouping them (`call_cost`);
+benchmarks/bench_prefill_plan.py runs the agent benchmark's rollout both ways.
 
 Why contiguous runs suffice: with a call's cost nondecreasing in its row count and its
 longest chunk, any grouping can be redrawn, group sizes kept, as runs of the rows sorted by
@@ -21,11 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-ROW_SLOTS = 16
-"""A row's fixed share of a call, in slots of T: gathering its cache row, scattering it back,
-attending to its cache. Fitted with benchmarks/bench_prefill_plan.py (`fit`)."""
 CALL_SLOTS = 64
-"""A call's own fixed cost (dispatch, the logits gather), in slots of T; fitted likewise."""
+"""A call's fixed cost (dispatch, the logits gather, the cache rows' copies), in slots of T.
+benchmarks/bench_prefill_plan.py fits `ms = c0 + R * (c1 + c2 * T)` to timed calls: c1 (a
+row's own fixed cost) comes out near 0 and c0 / c2 near this."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,8 @@ class PrefillCall:
 
 
 def call_cost(num_rows: int, length: int) -> int:
-    """Estimated cost of one R x T prefill, in slots: `R * (T + ROW_SLOTS) + CALL_SLOTS`."""
-    return num_rows * (length + ROW_SLOTS) + CALL_SLOTS
+    """Estimated cost of one R x T prefill, in slots: `R * T + CALL_SLOTS`."""
+    return num_rows * length + CALL_SLOTS
 
 
 def plan_prefill(staged: Mapping[int, int], row_buckets: Sequence[int],
