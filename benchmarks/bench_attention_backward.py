@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from bench_results import machine, write_result  # noqa: E402
 
 
 def run_variant(variant: str, rows: int, calls: int) -> dict:
@@ -46,7 +47,6 @@ def run_variant(variant: str, rows: int, calls: int) -> dict:
     from jaxrl_agent.train.step import make_optimizer, make_train_step
     from jaxrl_agent.trajectory import collate, shape_episodes
 
-    sys.path.insert(0, str(HERE))
     import bench_vs_trl_agent as agent_bench
 
     model, tok = load_policy(agent_bench.single.POLICY)
@@ -98,11 +98,8 @@ def main() -> None:
                          "steady": [a["steady_s"] / b["steady_s"] for a, b in zip(runs["autodiff"], runs["recompute"])]}
     print(json.dumps(summary["ratios"]))
     result = {"summary": summary, "runs": runs, "setup": {"rows": args.rows, "calls": args.calls, "repeats": args.repeats},
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                          "malloc": os.environ.get("LD_PRELOAD", "default")}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+              "machine": machine(malloc=os.environ.get("LD_PRELOAD", "default"))}
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

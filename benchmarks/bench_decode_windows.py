@@ -18,9 +18,6 @@ Writes benchmarks/results/decode_windows.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from functools import partial
 from pathlib import Path
@@ -30,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bench_results import machine, write_result
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stages import ENGINE_ROWS, rollout_config, tools_config
@@ -124,13 +122,11 @@ def main() -> None:
               "rollout_speedup_median": float(np.median(ratios)), "same_episodes": same_eps,
               "setup": {"policy": args.policy, "engine_rows": b, "cache": sampling.cache_size,
                         "decode_window": sampling.decode_window, "reps": args.reps, "repeats": args.repeats},
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__}}
+              "machine": machine()}
     print(f"rollout (6 pool tasks x 8): former {', '.join(f'{x:.1f}' for x in seconds['former'])} s, "
           f"skip {', '.join(f'{x:.1f}' for x in seconds['skip'])} s; speed-up {', '.join(f'{r:.2f}x' for r in ratios)}; "
           f"same episodes {all(same_eps)}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,6 @@ benchmarks/results/logp_skip.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -33,6 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from bench_results import machine, write_result
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.drills import make_drills, module_renamed_tasks
@@ -110,16 +108,14 @@ def main() -> None:
     result = {"setup": {"steps": args.steps, "repeats": args.repeats, "batch_size": cfg.sft.batch_size,
                         "buckets": BUCKETS, "logp_chunk_size": TrainConfig().logp_chunk_size,
                         "model": asdict(cfg.model)},
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__}}
+              "machine": machine()}
     for name in args.data:
         r = result[name] = time_workload(workload(name, cfg, args.tasks), cfg, args.steps, args.repeats, lrs[name])
         print(f"{name}: {r['episodes']} episodes, {r['mean_tokens']:.0f} tokens, loss on {r['loss_token_share']:.2f}; "
               f"s/step every chunk {np.median(r['seconds_per_step']['every_chunk']):.3f}, loss chunks "
               f"{np.median(r['seconds_per_step']['loss_chunks']):.3f}; speed-up per repeat "
               + ", ".join(f"{x:.2f}x" for x in r["speedup"]), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

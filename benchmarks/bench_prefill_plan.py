@@ -18,9 +18,6 @@ Writes benchmarks/results/prefill_plan.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,6 +28,7 @@ import numpy as np
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import bench_vs_trl_agent as agent_bench  # noqa: E402
+from bench_results import machine, write_result  # noqa: E402
 
 from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc  # noqa: E402
 from jaxrl_agent.sampling.prefill_plan import PrefillCall  # noqa: E402
@@ -125,11 +123,9 @@ def main() -> None:
               "setup": {"policy": args.policy, "engine_rows": b, "cache": sampling.cache_size,
                         "prefill_buckets": list(sampling.prefill_buckets),
                         "row_buckets": {k: list(e.row_buckets) for k, e in engines.items()}, "repeats": args.repeats},
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__}}
+              "machine": machine()}
     print(f"rollout speed-up (former / planned): {', '.join(f'{r:.2f}x' for r in ratios)}; same episodes {all(same)}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,12 @@ Writes benchmarks/results/sandbox_memo.json.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 
+from bench_results import machine, write_result
 from experiments.binary_search_rl.config import StudyConfig
 from experiments.binary_search_rl.silent_bugs import rl_pool
 from experiments.binary_search_rl.stages import ENGINE_ROWS, rollout_config, tools_config
@@ -80,16 +77,14 @@ def main() -> None:
         "same_episodes": same,
         "setup": {"policy": args.policy, "tasks": args.tasks, "group": args.group, "repeats": args.repeats,
                   "engine_rows": ENGINE_ROWS, "sandbox_workers": cfg.sandbox_workers},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__},
+        "machine": machine(),
     }
     print(f"rollout of {args.tasks} tasks x {args.group} episodes ({args.policy}), {args.repeats} repeats")
     for name, s in seconds.items():
         print(f"{name:11s} s/rollout median {np.median(s):6.1f}  all {', '.join(f'{x:.1f}' for x in s)}")
     print(f"memo speed-up per repeat: {', '.join(f'{r:.2f}x' for r in ratios)}; sandbox calls shared "
           f"{', '.join(f'{x:.2f}' for x in result['shared_share'])}; same episodes: {all(same)}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

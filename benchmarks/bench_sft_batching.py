@@ -22,9 +22,6 @@ instances, never here.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -34,6 +31,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from bench_results import machine, write_result
 from experiments.binary_search_rl import stages
 from experiments.binary_search_rl.config import StudyConfig
 from jaxrl_agent.cli.malloc_env import reexec_with_tcmalloc
@@ -104,7 +102,7 @@ def main() -> None:
         "setup": {"demos": len(episodes), "mean_tokens": float(np.mean([len(e) for e in episodes])),
                   "batch_size": batch_size, "buckets": BUCKETS, "steps": args.steps, "repeats": args.repeats,
                   "group": args.group, "model": asdict(cfg.model)},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__},
+        "machine": machine(),
     }
     print(f"study SFT step, {len(episodes)} demonstrations, batch {batch_size}, {args.steps} steps x {args.repeats}")
     print(f"{'setting':12s} {'s/step (median)':>16s} {'real/padded tokens':>19s}")
@@ -112,9 +110,7 @@ def main() -> None:
         share = np.mean([p["real_share"] for p in pads[name]])
         print(f"{name:12s} {np.median(seconds[name]):16.3f} {share:19.2f}")
     print(f"grouped / plain speed-up per repeat: {', '.join(f'{r:.2f}x' for r in ratios)}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":
