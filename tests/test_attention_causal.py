@@ -1,6 +1,6 @@
-"""The causal attention's own backward pass (`layers.attention(causal=True)`: each query
-block's softmax is recomputed from its log-sum-exp instead of stored) against autodiff of
-the plain masked softmax attention: outputs and the gradients of q, k and v."""
+"""The causal attention of training (`layers.attention(causal=True)`: query blocks that skip
+the keys after their last query) against the plain masked softmax attention over all keys:
+outputs and the gradients of q, k and v (a reference for any rewrite of its backward pass)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
