@@ -53,7 +53,7 @@ def fit_costs(engine, reps: int) -> dict:
     for r in (1, 4, 16):
         for t in (64, 128, 256):
             rows = np.arange(r, dtype=np.int32)
-            tokens, valid, reset = np.ones((r, t), np.int32), np.ones((r, t), np.int32), np.zeros(r, bool)
+            tokens = valid = np.ones((r, t), np.int32)
             ms = []
             for i in range(reps + 2):
                 lengths = np.asarray(engine.cache.lengths)
