@@ -253,7 +253,9 @@ class TrainConfig:
     """Compute logits only in the chunks where some row has a loss position (`loss_mask`):
     every loss reads log-probs there alone, so the step's results are exactly the same with
     fewer logits (`logprobs.token_logprobs_and_entropy(mask=)`). With a batch sharded over
-    devices each chunk's test is a small all-reduce; False computes every chunk."""
+    devices each chunk's test is a small all-reduce. Off on a CPU mesh of several devices,
+    where a collective inside the skip's `lax.cond` can deadlock
+    (`train.sharding.control_flow_may_hold_collectives`). False computes every chunk."""
     compiler_options: tuple[tuple[str, str | int | bool], ...] = ()
     """XLA options for the step's jits as (name, value) pairs, e.g.
     (("xla_backend_optimization_level", 0),) halves CPU compile time (tests)."""

@@ -1,6 +1,8 @@
 """Tests for train/sharding.py and the sharded train step: mesh building, the rules table per preset,
 the replication check, batch sharding, multi-host env handling, and the dp / fsdp / fsdp+tp
 presets on 8 simulated devices giving the same loss, gradients and update as one device."""
+import re
+
 import jax
 import numpy as np
 import optax
@@ -136,3 +138,69 @@ def test_presets_match_one_device(preset_runs, name):
     if name == "fsdp+tp":
         assert state.params["wq"].sharding.spec == P(None, "fsdp", "tensor", None)
         assert state.opt_state[0].trace["wq"].sharding.spec == P(None, "fsdp", "tensor", None)
+
+
+# ---- collectives under control flow (XLA:CPU) ----
+_COLLECTIVES = ("all-reduce(", "all-reduce-start(", "all-gather(", "all-gather-start(", "reduce-scatter(",
+                "all-to-all(", "collective-permute(", "collective-permute-start(")
+
+
+def _computations(hlo: str) -> dict[str, str]:
+    """Compiled HLO text split into {computation name: its body}."""
+    comps, name, body = {}, None, []
+    for line in hlo.splitlines():
+        head = line.split(" ", 2)
+        if line.startswith("%") or line.startswith("ENTRY"):
+            name, body = (head[1] if line.startswith("ENTRY") else head[0]).lstrip("%"), []
+        elif line.startswith("}") and name is not None:
+            comps[name], name = "\n".join(body), None
+        elif name is not None:
+            body.append(line)
+    return comps
+
+
+def _runs_a_collective(comps: dict[str, str], name: str, seen: set) -> bool:
+    if name in seen or name not in comps:
+        return False
+    seen.add(name)
+    body = comps[name]
+    if any(c in body for c in _COLLECTIVES):
+        return True
+    called = re.findall(r"%([\w.\-]+)", " ".join(re.findall(
+        r"(?:calls|to_apply|body|condition|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[\w.\-]+)",
+        body)))
+    return any(_runs_a_collective(comps, c, seen) for c in called)
+
+
+def conditionals_with_collectives(hlo: str) -> list[str]:
+    """The conditionals of compiled HLO `hlo` whose branches run a collective."""
+    comps, found = _computations(hlo), []
+    for body in comps.values():
+        for line in body.splitlines():
+            if " conditional(" not in line:
+                continue
+            branches = re.findall(r"%([\w.\-]+)", " ".join(re.findall(
+                r"(?:branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[\w.\-]+)", line)))
+            if any(_runs_a_collective(comps, b, set()) for b in branches):
+                found.append(line.strip().split(" ")[0])
+    return found
+
+
+def test_no_collective_runs_inside_a_conditional_on_a_cpu_mesh(preset_runs):
+    """XLA:CPU orders a program's collectives only among themselves: a collective inside a
+    conditional's branch and an independent one beside the conditional can run in different
+    orders on different devices, and the step deadlocks (an all-reduce rendezvous timeout;
+    seen with the log-prob chunk skip's `lax.cond` under 8 simulated devices). So on a CPU mesh
+    of several devices the step holds no such conditional; on one device the chunk skip stays."""
+    model = tw.tiny_model()
+    batch, _ = collate(tw.random_episodes(16, seed=2), TrajectoryConfig(buckets=(32,), batch_multiple=8))
+    for name in MESHES:
+        state = preset_runs[name][2]
+        mesh_ts = make_train_step(LOSSES["grpo"], optax.sgd(1.0, momentum=0.0), TrainConfig(
+            compiler_options=tw.FAST, loss=LossConfig(agg="seq-mean-token-mean", kl_coef=0.1), mesh=MESHES[name],
+            use_ref=True, old_logp="recompute", num_micro_batches=2 if name == "dp" else 1), model, mesh=_mesh(name))
+        hlo = mesh_ts.step.lower(state, sh.shard_batch(batch, mesh_ts.mesh)).compile().as_text()
+        if name == "one":
+            assert " conditional(" in hlo  # the chunk skip is still there on one device
+        else:
+            assert conditionals_with_collectives(hlo) == [], name

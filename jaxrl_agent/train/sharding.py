@@ -136,6 +136,21 @@ def param_shardings(logical: dict, shapes: dict, mesh: Mesh, preset: str) -> dic
                         logical, shapes, is_leaf=lambda a: isinstance(a, tuple))
 
 
+def control_flow_may_hold_collectives(mesh: Mesh) -> bool:
+    """Whether a program on `mesh` may put a collective inside a `lax.cond` branch.
+
+    False on a CPU mesh of several devices (simulated ones, or one process per host over
+    Gloo): XLA:CPU orders a program's collectives only among themselves, not a collective
+    inside a conditional's branch against an independent one beside the conditional, so
+    devices can reach the two in different orders and wait for each other forever (seen as an
+    all-reduce rendezvous timeout with 8 simulated devices: the log-prob chunk skip's
+    `lax.cond` held the unembedding gradient's all-reduce). GPUs and TPUs run each device's
+    collectives in program order. tests/test_sharding.py compiles the step on every preset
+    and looks for such a conditional.
+    """
+    return mesh.devices.size == 1 or mesh.devices.flat[0].platform != "cpu"
+
+
 def shard_params(params: dict, logical: dict, mesh: Mesh, preset: str) -> dict:
     """Place params on the mesh under `preset` (a copy; works for host or device arrays)."""
     return jax.device_put(params, param_shardings(logical, params, mesh, preset))

@@ -182,6 +182,8 @@ class TrainStep:
             frozen=self.param_shardings if self.lora else None,
             ref=self.param_shardings if (cfg.use_ref and not self.lora) else None)
         self.batch_sharding = sh.batch_sharding(self.mesh)
+        # the log-prob chunk skip is a lax.cond: not on a CPU mesh (sharding.py says why)
+        self._chunk_skip = cfg.logp_loss_chunks_only and sh.control_flow_may_hold_collectives(self.mesh)
         self._gather_policy = None
         self._compiled: dict = {}  # batch signature -> Future of the step compiled for it
         self._compiler = None
@@ -299,7 +301,7 @@ class TrainStep:
         rows = jax.lax.with_sharding_constraint(rows, self.batch_sharding)
         return policy_outputs(self._model(params), rows.tokens, rows.positions, rows.attention_mask,
                               chunk_size=self.cfg.logp_chunk_size,
-                              loss_mask=rows.loss_mask if self.cfg.logp_loss_chunks_only else None,
+                              loss_mask=rows.loss_mask if self._chunk_skip else None,
                               prefix=rows.prefix, packed=rows.packed)
 
     def _outputs(self, params: dict, batch: TrainBatch) -> PolicyOutputs:
