@@ -11,6 +11,7 @@ Dims: B batch, T queries, S keys, H heads, K kv heads, Dh head dim.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -118,13 +119,67 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, caus
         rows = stop - start
         qi = qi.reshape(b, kv, g * rows, dh)
         k_n = k[..., :n] if cache_layout else k[:, :, :n]
-        s = jnp.einsum(k_eq, qi, k_n, preferred_element_type=jnp.float32)
-        s = jnp.where(mask[:, None, None, start:stop, :n], s.reshape(b, kv, g, rows, n), MASKED)
-        w = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(b, kv, g * rows, n)
-        o = jnp.einsum("bkqs,bksd->bkqd", w, v[:, :, :n])
+        if causal and not cache_layout:  # training: the backward recomputes the softmax
+            o = _block_attention(qi, k_n, v[:, :, :n], mask[:, start:stop, :n], g)
+        else:
+            s = jnp.where(mask[:, None, None, start:stop, :n], _block_scores(qi, k_n, g, k_eq), MASKED)
+            w = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(b, kv, g * rows, n)
+            o = jnp.einsum("bkqs,bksd->bkqd", w, v[:, :, :n])
         outs.append(o.reshape(b, kv, g, rows, dh))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)  # [B, K, G, T, Dh]
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
+
+
+def _block_scores(qi: jax.Array, k_n: jax.Array, g: int, k_eq: str = "bkqd,bksd->bkqs") -> jax.Array:
+    """float32 scores `[B, K, G, R, N]` of one query block `qi` `[B, K, G*R, Dh]` (pre-scaled)."""
+    b, kv, gr, _ = qi.shape
+    s = jnp.einsum(k_eq, qi, k_n, preferred_element_type=jnp.float32)
+    return s.reshape(b, kv, g, gr // g, s.shape[-1])
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _block_attention(qi: jax.Array, k_n: jax.Array, v_n: jax.Array, mask: jax.Array, g: int) -> jax.Array:
+    """One causal query block: `softmax(mask(qi k_n^T)) v_n`, with a backward pass that keeps
+    only the block's log-sum-exp and recomputes the probabilities.
+
+    Math (per query row, scores s, probabilities p = exp(s - lse), output o = p v, incoming
+    gradient do): dv = p^T do, dp = do v^T, ds = p * (dp - rowsum(do * o)), dq = ds k,
+    dk = ds^T q (the softmax backward of FlashAttention, Dao et al. 2022, appendix B.2,
+    without the tiling). Autodiff of the plain softmax keeps p, and XLA:CPU also
+    keeps its other score-sized intermediates: the train step's scratch held every block's
+    `[B, K, G, R, N]` scores several times over (benchmarks/bench_train_step.py reports
+    `xla_temp_bytes_per_step`). tests/test_attention_causal.py checks both against autodiff.
+
+    Args: qi `[B, K, G*R, Dh]` scaled queries; k_n, v_n `[B, K, N, Dh]`; mask bool `[B, R, N]`;
+    g query heads per kv head (static). Returns `[B, K, G*R, Dh]` in v's dtype.
+    """
+    return _block_forward(qi, k_n, v_n, mask, g)[0]
+
+
+def _block_forward(qi, k_n, v_n, mask, g):
+    s = jnp.where(mask[:, None, None], _block_scores(qi, k_n, g), MASKED)
+    lse = jax.nn.logsumexp(s, axis=-1, keepdims=True)  # [B, K, G, R, 1]
+    p = jnp.exp(s - lse).astype(v_n.dtype).reshape(*qi.shape[:3], k_n.shape[2])
+    o = jnp.einsum("bkqs,bksd->bkqd", p, v_n)
+    return o, (qi, k_n, v_n, mask, o, lse)
+
+
+def _block_backward(g, res, do):
+    qi, k_n, v_n, mask, o, lse = res
+    f32 = jnp.float32
+    s = jnp.where(mask[:, None, None], _block_scores(qi, k_n, g), MASKED)
+    p = jnp.exp(s - lse).reshape(*qi.shape[:3], k_n.shape[2])  # [B, K, G*R, N] float32
+    do = do.astype(f32)
+    dv = jnp.einsum("bkqs,bkqd->bksd", p, do)
+    dp = jnp.einsum("bkqd,bksd->bkqs", do, v_n.astype(f32))
+    ds = p * (dp - jnp.sum(do * o.astype(f32), axis=-1, keepdims=True))
+    dq = jnp.einsum("bkqs,bksd->bkqd", ds, k_n.astype(f32))
+    dk = jnp.einsum("bkqs,bkqd->bksd", ds, qi.astype(f32))
+    return dq.astype(qi.dtype), dk.astype(k_n.dtype), dv.astype(v_n.dtype), None
+
+
+_block_attention.defvjp(_block_forward, _block_backward)
+
 
 def dense(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """Contract the last `n_in` axes of x with the leading ones of w, as one 2-D matmul.
