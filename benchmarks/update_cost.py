@@ -1,16 +1,21 @@
 """What the multi-turn agent benchmark's update costs and how close it runs to this machine's
 matmul rate (DEVICE). Not a comparison: the figures the README's agent row reasons with.
 
-    python benchmarks/update_cost.py [--rows 44] [--calls 4]
+    python benchmarks/update_cost.py [--rows 44] [--calls 5] [--pause 0]
 
 The update of `bench_vs_trl_agent.py` (the shipped demo policy, GRPO token-mean, AdamW; 48
 episodes packed for the model into --rows rows of 1024), in this fresh process: XLA's cost
 analysis (FLOPs) and memory analysis (scratch bytes) of the compiled step; the first call
 (which faults the scratch in from the OS: minor faults and system CPU seconds from
-`getrusage`) and --calls more, each with its faults (a later call faults the whole scratch
-in again when tcmalloc has given it back); the FLOP rate of the fastest later call; and one lone jitted
-f32 GEMM at the update's MLP shapes and at 2048^3, for the rate a matmul alone reaches.
+`getrusage`) and --calls more, each with its faults; the FLOP rate of the fastest later call;
+and one lone jitted f32 GEMM at the update's MLP shapes and at 2048^3, for the rate a matmul
+alone reaches.
 Writes benchmarks/results/update_cost.json.
+
+A later call back to back (`--pause 0`) sometimes faults the whole scratch in again, at several
+times the first call's system time per fault; with `--pause 1` none does (compare the runs'
+`later_calls`). That fits the step's outputs being ready before XLA:CPU has freed the call's
+scratch, so that the next call gets a fresh block from tcmalloc while the old one is held.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=44, help="packed rows of 1024 (the agent update's usual count)")
     ap.add_argument("--calls", type=int, default=5, help="calls after the first")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds to wait before each call (0: back to back, as a loop of steps runs)")
     ap.add_argument("--out", default=str(HERE / "results" / "update_cost.json"))
     args = ap.parse_args()
     import jax
@@ -66,7 +73,10 @@ def main() -> None:
         state["s"], metrics = ts(state["s"], batch)
         float(metrics["loss"])
 
-    calls = [timed_call(step) for _ in range(args.calls + 1)]
+    calls = []
+    for _ in range(args.calls + 1):
+        time.sleep(args.pause)
+        calls.append(timed_call(step))
     steady = min(c["s"] for c in calls[1:])  # a call that faulted nothing in
     gemm = {}
     for m, k, n in [(args.rows * agent_bench.MAX_TOTAL, 128, 384), (args.rows * agent_bench.MAX_TOTAL, 384, 128),
@@ -80,7 +90,7 @@ def main() -> None:
             f(a, b).block_until_ready()
             times.append(time.perf_counter() - t0)
         gemm[f"{m}x{k}x{n}"] = 2 * m * k * n / float(np.median(times)) / 1e9
-    result = {"rows": args.rows, "step_flops": flops, "scratch_gib": temp / 2**30, "first_call": calls[0],
+    result = {"rows": args.rows, "pause_s": args.pause, "step_flops": flops, "scratch_gib": temp / 2**30, "first_call": calls[0],
               "later_calls": calls[1:], "fastest_later_s": steady, "gflops_per_s": flops / steady / 1e9,
               "lone_gemm_gflops_per_s": gemm, "machine": machine(malloc=os.environ.get("LD_PRELOAD", "default"))}
     print(f"update ({args.rows} packed rows x {agent_bench.MAX_TOTAL}): {flops / 1e12:.3f} TFLOP, scratch "

@@ -38,6 +38,12 @@ def _jsonable(v):
     return str(v)
 
 
+def _open_writer(logdir: str):
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(logdir)
+
+
 class MetricsLogger:
     """Appends one JSON object per `log` call to `<run_dir>/metrics.jsonl` and writes the
     numeric entries as TensorBoard scalars (tensorboardX) when `tensorboard` is True. With
@@ -46,34 +52,59 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
-        self._file = self._tb = None
+        self._file = self._tb = self._opening = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses no line
-        self._tb = None
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+        if tensorboard:  # opened off this thread: importing tensorboardX imports torch where it
+            # is installed (`python -X importtime -c "import tensorboardX"`), which a run would
+            # otherwise wait for before its first rollout; the first `log` waits instead.
+            opened: dict = {}
 
-            self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+            def open_tb(logdir=os.path.join(run_dir, "tb")):
+                try:
+                    opened["writer"] = _open_writer(logdir)
+                except BaseException as e:  # noqa: BLE001  (raised by the first log)
+                    opened["error"] = e
+
+            thread = threading.Thread(target=open_tb, name="jxa-tensorboard")
+            thread.start()
+            self._opening = (thread, opened)
+
+    def _writer(self):
+        """The TensorBoard writer once it is open (None without TensorBoard)."""
+        if self._opening is not None:
+            thread, opened = self._opening
+            thread.join()
+            self._opening = None
+            if "error" in opened:
+                raise opened["error"]
+            self._tb = opened["writer"]
+        return self._tb
 
     def log(self, step: int, metrics: dict) -> dict:
         flat = {k: _jsonable(v) for k, v in flatten(metrics).items()}
         if not self.enabled:
             return flat
         self._file.write(json.dumps({"step": int(step), "time": time.time(), **flat}) + "\n")
-        if self._tb is not None:
+        tb = self._writer()
+        if tb is not None:
             for k, v in flat.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+                    tb.add_scalar(k, v, step)
         return flat
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        try:
+            tb = self._writer()
+        except Exception:  # noqa: BLE001  (the first log has raised it already, or will not run)
+            tb = None
+        if tb is not None:
+            tb.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self
