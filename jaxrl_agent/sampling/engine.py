@@ -41,8 +41,9 @@ from flax import nnx
 from jaxrl_agent.config import SamplingConfig
 from jaxrl_agent.model.decoder import CausalLM
 from jaxrl_agent.sampling.decode import copy_rows, make_sampler_fns
-from jaxrl_agent.sampling.engine_config import check_config, row_buckets
+from jaxrl_agent.sampling.engine_config import check_config, check_fits, check_ids, row_buckets, stop_row
 from jaxrl_agent.sampling.prefill_plan import PrefillCall, plan_prefill
+from jaxrl_agent.sampling.prefix_sources import prefix_sources
 
 
 @dataclass(frozen=True)
@@ -148,15 +149,17 @@ class SamplingEngine:
           stop_ids: this row's stop set (default `config.stop_token_ids`), at most M ids.
         """
         self._check_row(row)
-        prompt = self._check_ids(prompt_ids, "prompt_ids")
+        prompt = check_ids(prompt_ids, "prompt_ids", self.vocab_size)
         if not prompt:
             raise ValueError(f"start_episode(row={row}): the prompt is empty")
-        self._check_fits(row, len(prompt), len(prompt), "prompt")
-        stops = self._stop_row(self.config.stop_token_ids if stop_ids is None else stop_ids)
+        check_fits(row, len(prompt), len(prompt), "prompt", self.config.cache_size, self.buckets)
+        stops = stop_row(self.config.stop_token_ids if stop_ids is None else stop_ids, self.config.max_stop_tokens,
+                         self.vocab_size)
         seed = self._episodes_started if seed is None else seed
         if (self._follow_src == row).any():
             self.flush()  # rows waiting to copy this row's staged prompt get it before it changes
-        (src, n), (lead, m) = self._shared_prefix(prompt, row)
+        (src, n), (lead, m) = prefix_sources(prompt, row, self._tokens, self._cached, self._live, self._staged,
+                                             self.config.share_prefix_min)
         n_all = max(n, m)
         self._tokens[row], self._staged[row] = list(prompt), list(prompt[n_all:])
         self._reset[row], self._live[row] = n_all == 0, True
@@ -180,8 +183,9 @@ class SamplingEngine:
             raise ValueError(f"append(row={row}): the row holds no episode (call start_episode first)")
         if self._in_turn[row]:
             raise ValueError(f"append(row={row}): the row is in a turn (advance until it ends, then append)")
-        ids = self._check_ids(ids, "ids")
-        self._check_fits(row, len(self._tokens[row]) + len(ids), len(ids), "append")
+        ids = check_ids(ids, "ids", self.vocab_size)
+        check_fits(row, len(self._tokens[row]) + len(ids), len(ids), "append", self.config.cache_size,
+                   self.buckets)
         if (self._follow_src == row).any():
             self.flush()  # rows copying this row's staged prompt (and its logits) get it before it grows
         if len(self._staged[row]) + len(ids) > self.buckets[-1]:
@@ -251,7 +255,7 @@ class SamplingEngine:
     def _prefill(self, rows: np.ndarray, lens: np.ndarray) -> None:
         """Device: prefill the staged chunk of every row in the mask `rows`, in the calls
         `prefill_plan.plan_prefill` picks (the least padded work over the compiled shapes)."""
-        # _check_fits guarantees every chunk has a bucket.
+        # check_fits guarantees every chunk has a bucket.
         staged = {int(b): int(lens[b]) for b in np.flatnonzero(rows & (lens > 0))}
         for call in self._plan(staged):
             r, t, group, mine = call.num_rows, call.length, list(call.rows), set(call.rows)
@@ -394,66 +398,11 @@ class SamplingEngine:
         (row bucket, length bucket) used, one per decode row bucket used, + 1)."""
         return self._prefill_fn._cache_size() + self._generate_fn._cache_size() + self._copy_fn._cache_size()
 
-    def _shared_prefix(self, prompt: list[int], row: int) -> tuple[tuple[int, int], tuple[int, int]]:
-        """Where `row`'s new prompt can copy its longest prefix from, as two (row, n) pairs:
-
-        - a row whose cache holds n leading tokens of it now (any row, freed ones and `row`
-          itself included: a freed row's cache stays as it was);
-        - a live row other than `row` whose own prompt is staged for the next flush and holds
-          n leading tokens of it (episodes of a group starting together), even one that itself
-          follows another staged prompt (the next group's first row shares only the system
-          prompt with this group's: its group then copies from it, not the shorter prefix;
-          `flush` serves followers in rounds).
-
-        n is at most all but the prompt's last token (prefilled for the next-token logits),
-        except from a staged row whose whole prompt is this one (a GRPO group's other rows):
-        then n is the whole prompt, and `flush` copies that row's next-token logits with it,
-        so the row prefills nothing. A pair is (-1, 0) when it offers fewer than
-        `config.share_prefix_min` tokens."""
-        out = [(-1, 0), (-1, 0)]
-        k = self.config.share_prefix_min
-        if k <= 0 or len(prompt) <= k:
-            return out[0], out[1]
-        want = np.asarray(prompt)
-        for r in range(self.config.batch_size):
-            cached = int(self._cached[r])
-            staged = self._live[r] and r != row and bool(self._staged[r])
-            for which, m in ((0, cached), (1, len(self._tokens[r]) if staged else 0)):
-                whole = which == 1 and staged and self._tokens[r] == prompt  # its logits after the flush are this row's
-                m = len(prompt) if whole else min(m, len(prompt) - 1)
-                if m < k or m <= out[which][1]:
-                    continue
-                diff = np.flatnonzero(np.asarray(self._tokens[r][:m]) != want[:m])
-                n = int(diff[0]) if diff.size else m
-                if n >= k and n > out[which][1]:
-                    out[which] = (r, n)
-        return out[0], out[1]
-
     # ---- validation ----
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.config.batch_size:
             raise ValueError(f"row {row} out of range [0, batch_size={self.config.batch_size})")
-
-    def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
-        arr = np.asarray(ids)
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise ValueError(f"{what} must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
-            raise ValueError(f"{what} holds ids outside [0, vocab_size={self.vocab_size}): min {arr.min()}, max {arr.max()}")
-        return arr.astype(np.int64).tolist()
-
-    def _check_fits(self, row: int, total: int, chunk: int, what: str) -> None:
-        if total > self.config.cache_size:
-            raise ValueError(
-                f"{what} does not fit row {row}'s KV cache: the episode would hold {total} tokens "
-                f"but cache_size S={self.config.cache_size}"
-            )
-        if chunk > self.buckets[-1]:
-            raise ValueError(
-                f"{what} does not fit a prefill bucket: {chunk} tokens to prefill in row {row}, "
-                f"largest bucket {self.buckets[-1]} (config.prefill_buckets={self.buckets})"
-            )
 
     def _decode_rows(self, sampling: np.ndarray) -> np.ndarray:
         """The rows of one decode call: every sampling row, then rows that stand still up to the
@@ -463,11 +412,3 @@ class SamplingEngine:
         if r == self.config.batch_size:
             return np.arange(r, dtype=np.int32)
         return np.concatenate([live, np.flatnonzero(~sampling)[: r - len(live)]]).astype(np.int32)
-
-    def _stop_row(self, stop_ids: Sequence[int]) -> np.ndarray:
-        ids = self._check_ids(stop_ids, "stop_ids")
-        if len(ids) > self.config.max_stop_tokens:
-            raise ValueError(f"{len(ids)} stop ids exceed config.max_stop_tokens={self.config.max_stop_tokens}")
-        row = np.full(self.config.max_stop_tokens, -1, np.int32)
-        row[: len(ids)] = ids
-        return row

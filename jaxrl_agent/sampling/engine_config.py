@@ -8,10 +8,14 @@
                         `rollout.collect_episodes` refuses any other)
       prefill_buckets = those that fit in the cache (the cache itself when none does)
     check_config / row_buckets             what `SamplingEngine` refuses, the row shapes it compiles
+    check_ids / check_fits / stop_row      the checks of what an episode puts in a row
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
 
 from jaxrl_agent.config import RolloutConfig, SamplingConfig
 
@@ -67,3 +71,33 @@ def check_config(cfg: SamplingConfig, vocab_size: int) -> None:
         problems.append(f"stop_token_ids={cfg.stop_token_ids} outside [0, vocab_size={vocab_size})")
     if problems:
         raise ValueError("invalid SamplingConfig: " + "; ".join(problems))
+
+
+def check_ids(ids: Sequence[int], what: str, vocab_size: int) -> list[int]:
+    """`ids` as a list of ints; a ValueError naming `what` unless 1-D ints in [0, vocab_size)."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{what} must be a 1-D sequence of ints, got shape {arr.shape} dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ValueError(f"{what} holds ids outside [0, vocab_size={vocab_size}): min {arr.min()}, max {arr.max()}")
+    return arr.astype(np.int64).tolist()
+
+
+def check_fits(row: int, total: int, chunk: int, what: str, cache_size: int, buckets: tuple[int, ...]) -> None:
+    """A ValueError unless a row can hold `total` tokens and prefill a `chunk` of them at once."""
+    if total > cache_size:
+        raise ValueError(f"{what} does not fit row {row}'s KV cache: the episode would hold {total} tokens "
+                         f"but cache_size S={cache_size}")
+    if chunk > buckets[-1]:
+        raise ValueError(f"{what} does not fit a prefill bucket: {chunk} tokens to prefill in row {row}, "
+                         f"largest bucket {buckets[-1]} (config.prefill_buckets={buckets})")
+
+
+def stop_row(stop_ids: Sequence[int], max_stop_tokens: int, vocab_size: int) -> np.ndarray:
+    """A row's stop set as int32 `[max_stop_tokens]`, padded with -1."""
+    ids = check_ids(stop_ids, "stop_ids", vocab_size)
+    if len(ids) > max_stop_tokens:
+        raise ValueError(f"{len(ids)} stop ids exceed config.max_stop_tokens={max_stop_tokens}")
+    row = np.full(max_stop_tokens, -1, np.int32)
+    row[: len(ids)] = ids
+    return row
