@@ -109,7 +109,7 @@ def test_initialize_distributed_env():
 def preset_runs():
     """One train step (SGD, lr 1, so new params = params - grads) per mesh, same data."""
     model = tw.tiny_model()
-    batch, _ = collate(tw.random_episodes(16, seed=2), TrajectoryConfig(buckets=(32,), batch_multiple=8))
+    batch = _preset_batch()
     runs = {}
     for name, mesh_cfg in MESHES.items():
         cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(agg="seq-mean-token-mean", kl_coef=0.1),
@@ -120,14 +120,18 @@ def preset_runs():
         before = jax.device_get(state.params)
         state, metrics = ts(state, batch)
         after = jax.device_get(state.params)
-        runs[name] = (jax.tree.map(lambda a, b: a - b, before, after), jax.device_get(metrics), state)
+        runs[name] = (jax.tree.map(lambda a, b: a - b, before, after), jax.device_get(metrics), state, ts)
     return runs
+
+
+def _preset_batch():
+    return collate(tw.random_episodes(16, seed=2), TrajectoryConfig(buckets=(32,), batch_multiple=8))[0]
 
 
 @pytest.mark.parametrize("name", ["dp", "fsdp", "fsdp+tp"])
 def test_presets_match_one_device(preset_runs, name):
-    grads_1, metrics_1, _ = preset_runs["one"]
-    grads, metrics, state = preset_runs[name]
+    grads_1, metrics_1, _, _ = preset_runs["one"]
+    grads, metrics, state, _ = preset_runs[name]
     assert abs(float(metrics["loss"]) - float(metrics_1["loss"])) < 1e-5
     assert abs(float(metrics["grad_norm"]) - float(metrics_1["grad_norm"])) < 1e-5
     assert float(metrics_1["grad_norm"]) > 1e-3  # the gradients are not trivially zero
@@ -194,14 +198,10 @@ def test_no_collective_runs_inside_a_conditional_on_a_cpu_mesh(preset_runs):
     of several devices the step holds no such conditional; on one device the chunk skip stays."""
     if jax.devices()[0].platform != "cpu":
         pytest.skip("the hazard and the chunk skip's switch are XLA:CPU's")
-    model = tw.tiny_model()
-    batch, _ = collate(tw.random_episodes(16, seed=2), TrajectoryConfig(buckets=(32,), batch_multiple=8))
+    batch = _preset_batch()
     for name in MESHES:
-        state = preset_runs[name][2]
-        mesh_ts = make_train_step(LOSSES["grpo"], optax.sgd(1.0, momentum=0.0), TrainConfig(
-            compiler_options=tw.FAST, loss=LossConfig(agg="seq-mean-token-mean", kl_coef=0.1), mesh=MESHES[name],
-            use_ref=True, old_logp="recompute", num_micro_batches=2 if name == "dp" else 1), model, mesh=_mesh(name))
-        hlo = mesh_ts.step.lower(state, sh.shard_batch(batch, mesh_ts.mesh)).compile().as_text()
+        _, _, state, ts = preset_runs[name]
+        hlo = ts.step.lower(state, sh.shard_batch(batch, ts.mesh)).compile().as_text()
         if name == "one":
             assert " conditional(" in hlo  # the chunk skip is still there on one device
         else:
