@@ -1,7 +1,7 @@
 """What the multi-turn agent benchmark's update costs and how close it runs to this machine's
 matmul rate (DEVICE). Not a comparison: the figures the README's agent row reasons with.
 
-    python benchmarks/update_cost.py [--rows 44] [--calls 5] [--pause 0]
+    python benchmarks/update_cost.py [--rows 44] [--calls 5] [--pause 0] [--remat]
 
 The update of `bench_vs_trl_agent.py` (the shipped demo policy, GRPO token-mean, AdamW; 48
 episodes packed for the model into --rows rows of 1024), in this fresh process: XLA's cost
@@ -12,6 +12,9 @@ and one lone jitted f32 GEMM at the update's MLP shapes and at 2048^3, for the r
 alone reaches.
 Writes benchmarks/results/update_cost.json.
 
+`--remat` compiles the step with the model's `remat` on (each layer recomputed in the
+backward pass): the memory it saves and the time it costs, against a run without.
+
 A later call back to back (`--pause 0`) sometimes faults the whole scratch in again, at several
 times the first call's system time per fault; with `--pause 1` none does (compare the runs'
 `later_calls`). That fits the step's outputs being ready before XLA:CPU has freed the call's
@@ -20,6 +23,7 @@ scratch, so that the next call gets a fresh block from tcmalloc while the old on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import sys
@@ -44,7 +48,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=5, help="calls after the first")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds to wait before each call (0: back to back, as a loop of steps runs)")
-    ap.add_argument("--out", default=str(HERE / "results" / "update_cost.json"))
+    ap.add_argument("--remat", action="store_true", help="the model's remat on (ModelConfig.remat)")
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/update_cost[_remat].json")
     args = ap.parse_args()
     import jax
     import jax.numpy as jnp
@@ -58,6 +63,8 @@ def main() -> None:
     from jaxrl_agent.trajectory import collate, shape_episodes
 
     model, tok = load_policy(agent_bench.single.POLICY)
+    if args.remat:
+        model.config = dataclasses.replace(model.config, remat=True)
     ts = make_train_step(LOSSES["grpo"], make_optimizer(OptimConfig(learning_rate=1e-6)),
                          TrainConfig(loss=LossConfig(agg="token-mean", kl_coef=0.0)), model)
     state = {"s": ts.init_state(model, seed=0)}
@@ -90,15 +97,21 @@ def main() -> None:
             f(a, b).block_until_ready()
             times.append(time.perf_counter() - t0)
         gemm[f"{m}x{k}x{n}"] = 2 * m * k * n / float(np.median(times)) / 1e9
-    result = {"rows": args.rows, "pause_s": args.pause, "step_flops": flops, "scratch_gib": temp / 2**30, "first_call": calls[0],
-              "later_calls": calls[1:], "fastest_later_s": steady, "gflops_per_s": flops / steady / 1e9,
-              "lone_gemm_gflops_per_s": gemm, "machine": machine(malloc=os.environ.get("LD_PRELOAD", "default"))}
-    print(f"update ({args.rows} packed rows x {agent_bench.MAX_TOTAL}): {flops / 1e12:.3f} TFLOP, scratch "
-          f"{temp / 2**30:.2f} GiB; first call {calls[0]['s']:.2f} s ({calls[0]['minor_faults']} minor faults, "
-          f"{calls[0]['sys_s']:.1f} s system); later calls " + ", ".join(f"{c['s']:.2f} s ({c['minor_faults']} faults)" for c in calls[1:])
-          + f"; the fastest {flops / steady / 1e9:.0f} GFLOP/s; lone GEMMs "
+    # Under remat the layers run in a scan, whose body XLA's cost analysis counts once: no
+    # FLOP count or rate for it (the recompute adds about one forward pass of FLOPs).
+    flops = None if args.remat else flops
+    rate = None if flops is None else flops / steady / 1e9
+    result = {"rows": args.rows, "pause_s": args.pause, "remat": args.remat, "step_flops": flops,
+              "scratch_gib": temp / 2**30, "first_call": calls[0], "later_calls": calls[1:], "fastest_later_s": steady,
+              "gflops_per_s": rate, "lone_gemm_gflops_per_s": gemm,
+              "machine": machine(malloc=os.environ.get("LD_PRELOAD", "default"))}
+    print(f"update ({args.rows} packed rows x {agent_bench.MAX_TOTAL}{', remat' if args.remat else ''}): "
+          + (f"{flops / 1e12:.3f} TFLOP, " if flops else "") + f"scratch {temp / 2**30:.2f} GiB; first call "
+          f"{calls[0]['s']:.2f} s ({calls[0]['minor_faults']} minor faults, {calls[0]['sys_s']:.1f} s system); later calls "
+          + ", ".join(f"{c['s']:.2f} s ({c['minor_faults']} faults)" for c in calls[1:])
+          + (f"; the fastest {rate:.0f} GFLOP/s" if rate else "") + "; lone GEMMs "
           + ", ".join(f"{k} {v:.0f}" for k, v in gemm.items()) + " GFLOP/s")
-    write_result(args.out, result)
+    write_result(args.out or str(HERE / "results" / f"update_cost{'_remat' if args.remat else ''}.json"), result)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ class ModelConfig:
     value_head: bool = False
     """Add a scalar value head (critic) on the final hidden states."""
     remat: bool = False
-    """Rematerialise each block in the backward pass (saves activation memory)."""
+    """Rematerialise each block in the backward pass (saves activation memory); the full
+    forward then scans its layers however few there are (decoder._layers says why)."""
     unroll_layers: int = 8
     """Models with at most this many layers apply them in an unrolled loop (faster on CPU);
     deeper ones use `lax.scan`, whose compile time does not grow with depth."""
@@ -182,9 +183,16 @@ class CausalLM(nnx.Module):
         shows a decode step's copies).
         """
         stacked = self._layer_params()
-        if self.config.remat:
-            body = jax.checkpoint(body, prevent_cse=False, static_argnums=(2,) if self._unrolled() else ())
-        if not self._unrolled():
+        # remat scans the layers, whatever the depth: in an unrolled loop XLA may merge a
+        # rematerialised block with the forward pass's copy or run it ahead of the backward
+        # pass, and then keeps the activations anyway (on XLA:CPU more scratch than without
+        # remat; tests/test_model.py::test_remat_keeps_less_for_the_backward_pass). The scan's
+        # loop orders each layer's recompute after its gradient. The cached path (sampling)
+        # takes no gradient and keeps its layout.
+        remat = self.config.remat and not hoist
+        if remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        if remat or not self._unrolled():
             ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
             return jax.lax.scan(lambda c, xs: (body(c, *xs), None), carry, (stacked, ids))[0]
         for i in range(self.config.num_layers):
