@@ -139,8 +139,8 @@ def _block_scores(qi: jax.Array, k_n: jax.Array, g: int, k_eq: str = "bkqd,bksd-
 
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _block_attention(qi: jax.Array, k_n: jax.Array, v_n: jax.Array, mask: jax.Array, g: int) -> jax.Array:
-    """One causal query block: `softmax(mask(qi k_n^T)) v_n`, with a backward pass that keeps
-    only the block's log-sum-exp and recomputes the probabilities.
+    """One causal query block: `softmax(mask(qi k_n^T)) v_n`, with a backward pass written to
+    keep only the block's log-sum-exp and recompute the probabilities.
 
     Math (per query row, scores s, probabilities p = exp(s - lse), output o = p v, incoming
     gradient do): dv = p^T do, dp = do v^T, ds = p * (dp - rowsum(do * o)), dq = ds k,
@@ -149,6 +149,13 @@ def _block_attention(qi: jax.Array, k_n: jax.Array, v_n: jax.Array, mask: jax.Ar
     keeps its other score-sized intermediates: the train step's scratch held every block's
     `[B, K, G, R, N]` scores several times over (benchmarks/bench_train_step.py reports
     `xla_temp_bytes_per_step`). tests/test_attention_causal.py checks both against autodiff.
+
+    What XLA:CPU makes of it: it merges the recomputed p with the forward pass's identical p
+    (common subexpressions; an optimization barrier stops the merge but not its scheduler
+    running the recompute in the forward pass), so p is kept after all, and the other
+    intermediates are not. Making the recompute wait for `do` (a data dependency) did free
+    p, at about a sixth more step time for the agent update: not done; `ModelConfig.remat`
+    is the memory setting (benchmarks/update_cost.py [--remat]).
 
     Args: qi `[B, K, G*R, Dh]` scaled queries; k_n, v_n `[B, K, N, Dh]`; mask bool `[B, R, N]`;
     g query heads per kv head (static). Returns `[B, K, G*R, Dh]` in v's dtype.
