@@ -43,6 +43,7 @@ from jaxrl_agent.model.outputs import policy_outputs
 from jaxrl_agent.program_store import StoredJit
 from jaxrl_agent.structs import PolicyOutputs, TrainBatch
 from jaxrl_agent.train import lora as lora_lib
+from jaxrl_agent.train import micro_batches
 from jaxrl_agent.train import sharding as sh
 
 ADVANTAGES = ("loss", *ESTIMATORS)
@@ -90,42 +91,6 @@ class TrainState:
     rng: jax.Array
     frozen: Any = None
     ref: Any = None
-
-
-# ---- micro-batch layout ----
-def _split(x: jax.Array, n: int) -> jax.Array:
-    """[B, ...] -> [n, B/n, ...]; micro-batch k holds rows k, k + n, ..., so every data shard
-    holds its share of every micro-batch (no cross-device traffic to split)."""
-    return jnp.swapaxes(x.reshape(x.shape[0] // n, n, *x.shape[1:]), 0, 1)
-
-
-def _unsplit(x: jax.Array) -> jax.Array:
-    """Inverse of `_split`: [n, B/n, ...] -> [B, ...]."""
-    x = jnp.swapaxes(x, 0, 1)
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
-# The shared prefixes and the packed rows are not rows: every micro- and mini-batch keeps all
-# of them (its rows index into them), and only the [B, ...] leaves are split or gathered.
-_SHARED = ("prefix_tokens", "prefix_mask", "pack_tokens", "pack_positions", "pack_segments")
-
-
-def _rows_and_shared(batch: TrainBatch) -> tuple[TrainBatch, dict]:
-    """(`batch` with only its row leaves, its shared prefixes and packed rows by field name)."""
-    return batch.replace(**dict.fromkeys(_SHARED)), {k: getattr(batch, k) for k in _SHARED}
-
-
-def _map_rows(fn: Callable, batch: TrainBatch) -> TrainBatch:
-    """`fn` applied to every row leaf of `batch`; the shared prefixes and packed rows stay as they are."""
-    rows, shared = _rows_and_shared(batch)
-    return jax.tree.map(fn, rows).replace(**shared)
-
-
-def _split_rows(batch: TrainBatch, n: int) -> tuple[TrainBatch, dict]:
-    """(row leaves split into n micro-batches; the shared leaves): what a
-    `lax.map` / `lax.scan` over micro-batches takes as xs and as a constant."""
-    rows, shared = _rows_and_shared(batch)
-    return jax.tree.map(lambda x: _split(x, n), rows), shared
 
 
 class TrainStep:
@@ -309,9 +274,9 @@ class TrainStep:
         n = self._micro(batch)
         if n == 1:
             return self._forward(params, batch)
-        micro, shared = _split_rows(batch, n)
+        micro, shared = micro_batches.split_rows(batch, n)
         outs = jax.lax.map(lambda rows: self._forward(params, rows.replace(**shared)), micro)
-        return jax.tree.map(_unsplit, outs)
+        return jax.tree.map(micro_batches.unsplit, outs)
 
     def _micro(self, batch: TrainBatch) -> int:
         n, b, k = self.cfg.num_micro_batches, batch.tokens.shape[0], sh.batch_size_multiple(self.mesh)
@@ -358,8 +323,8 @@ class TrainStep:
         else:
             out = self._outputs(self._policy(trainable, frozen), batch)  # pass 1: [B, T], no grad
             (loss, metrics), g_out = jax.value_and_grad(loss_of_outputs, has_aux=True)(out)
-            micro, shared = _split_rows(batch, n)
-            g_micro = jax.tree.map(lambda x: _split(x, n), g_out)
+            micro, shared = micro_batches.split_rows(batch, n)
+            g_micro = jax.tree.map(lambda x: micro_batches.split(x, n), g_out)
 
             def pull_back(acc, xs):  # pass 2: vjp of one micro-batch's forward with its rows of g
                 rows, g_rows = xs
@@ -397,7 +362,7 @@ class TrainStep:
         def update(carry, rows):
             params, opt_state = carry
             mb = batch if m == 1 else jax.lax.with_sharding_constraint(
-                _map_rows(lambda x: x[rows], batch), self.batch_sharding)
+                micro_batches.map_rows(lambda x: x[rows], batch), self.batch_sharding)
             loss, metrics, grads = self._loss_and_grads(params, state.frozen, mb)
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             metrics["update_norm"] = optax.tree.norm(updates)
