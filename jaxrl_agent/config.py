@@ -249,6 +249,11 @@ class TrainConfig:
     A LossFn of your own reads `batch.advantages` (and `batch.returns`) when one is named here."""
     logp_chunk_size: int = 64
     """Sequence chunk of the log-prob / entropy path (memory O(B * chunk * V))."""
+    remat: bool = False
+    """Recompute each decoder layer in the backward pass instead of keeping its activations
+    (gradient checkpointing; `ModelConfig.remat` on the step's model, whose layers then run in
+    a scan): much less scratch for about one more forward pass (`benchmarks/update_cost.py
+    --remat`). A model whose own config has remat on uses it either way."""
     logp_loss_chunks_only: bool = True
     """Compute logits only in the chunks where some row has a loss position (`loss_mask`):
     every loss reads log-probs there alone, so the step's results are exactly the same with

@@ -214,6 +214,24 @@ def test_ppo_critic_keeps_training_when_advantages_are_precomputed(batch, mesh1)
 
 
 # ---- precompiled buckets ----
+def test_train_remat_recomputes_the_layers(model, mesh1):
+    """`TrainConfig.remat` (gradient checkpointing) takes the same step with less scratch, on
+    a copy of the model: the caller's model config stays as it was."""
+    long = collate(tw.random_episodes(8, seed=6), TrajectoryConfig(buckets=(128,)))[0]
+    runs = {}
+    for remat in (False, True):
+        cfg = TrainConfig(compiler_options=tw.FAST, mesh=ONE, remat=remat)
+        ts = _step("grpo", cfg, model, mesh1)
+        compiled = ts.precompile([long])[0].result()
+        state, metrics = ts(ts.init_state(model), long)
+        runs[remat] = (compiled.memory_analysis(), jax.device_get(state.params), float(metrics["loss"]))
+    assert not model.config.remat
+    assert abs(runs[True][2] - runs[False][2]) < 1e-6
+    _close(runs[True][1], runs[False][1])
+    if runs[False][0] is not None:
+        assert runs[True][0].temp_size_in_bytes < 0.8 * runs[False][0].temp_size_in_bytes
+
+
 def test_precompiled_step_is_the_jitted_step(model, batch, mesh1):
     """`precompile` (in its thread) builds the executable the first update runs, before the batch
     exists; it computes exactly what the lazily compiled step does, and a shape it was not

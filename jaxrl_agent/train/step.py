@@ -25,6 +25,7 @@ micro-batch of activations plus `[B, T]` float outputs. The cost is one extra fo
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -124,7 +125,10 @@ class TrainStep:
         self.mesh = sh.make_mesh(cfg.mesh) if mesh is None else mesh
         self.lora = cfg.lora.rank > 0
         self.has_critic = bool(model.config.value_head)
-        self._graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model))
+        traced = nnx.eval_shape(lambda: model)  # an abstract copy: the caller's model is not changed
+        if cfg.remat and not traced.config.remat:
+            traced.config = dataclasses.replace(traced.config, remat=True)
+        self._graphdef, abstract = nnx.split(traced)
         self._abstract = abstract
         self.param_logical = {k: tuple(v) for k, v in nnx.to_pure_dict(nnx.get_partition_spec(abstract)).items()}
         self.param_shapes = nnx.to_pure_dict(abstract)
