@@ -33,13 +33,14 @@ FIRST_ITERATION = re.compile(r"^iter\s+1\s")
 NO_SIGNAL = "no RL run:"  # the demo's verdict on a policy with no signal: its pre-training work is done
 
 
-def time_to_first_iteration(cache: str, run_dir: str, extra: list[str], limit_s: float) -> dict:
-    """Launch the demo with `--compile_cache=cache`; seconds until its first iteration line, and
-    when each earlier line appeared."""
+def time_to_first_iteration(cache: str, run_dir: str, extra: list[str], limit_s: float, root: str = ROOT) -> dict:
+    """Launch the demo with `--compile_cache=cache` from the checkout at `root` (its package
+    first on the path: `python -m` puts the working directory there); seconds until its first
+    iteration line, and when each earlier line appeared."""
     cmd = [sys.executable, "-m", "jaxrl_agent", "demo", f"--compile_cache={cache}", f"--demo.run_dir={run_dir}",
            *extra]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines, first, stop = [], None, None
     try:
