@@ -217,9 +217,8 @@ class StoredJit:
 
     `stored(*args)` runs like `jitted(*args)`; `program(*args)` (args concrete or
     ShapeDtypeStructs) returns the compiled callable for those shapes, loading or exporting it,
-    thread-safe (a second caller of the same shapes waits for the first); `holds(*args)` says
-    whether that would load rather than trace and compile. With the store off, both are the
-    plain jit's (`program` compiles with `jitted.lower(*args).compile()`)."""
+    thread-safe (a second caller of the same shapes waits for the first). With the store off,
+    both are the plain jit's (`program` compiles with `jitted.lower(*args).compile()`)."""
 
     def __init__(self, fn: Callable, name: str, fingerprint_of: Any, **jit_kwargs):
         self.name = name
@@ -252,7 +251,7 @@ class StoredJit:
         leaves, tree = jax.tree.flatten(args)
         avals = tuple(_abstract(x) for x in leaves)
         context = _trace_context()  # as jit: other settings, another program
-        sig = self._signature(tree, avals, context)
+        sig = (tree, tuple((a.shape, a.dtype, a.weak_type, a.sharding) for a in avals), context)
         with self._lock:
             future = self._programs.get(sig)
             owner = future is None
@@ -269,40 +268,15 @@ class StoredJit:
             raise
         return future.result()
 
-    def holds(self, *args) -> bool:
-        """Whether `program(*args)` would neither trace nor compile anew: built already in this
-        process, or its file on disk from an earlier one (whose run also left the executable in
-        JAX's persistent cache beside it, so the compile is a cache hit). False with the store
-        off. A caller deciding what to compile ahead of time skips these (loops/rollout_batches.py)."""
-        leaves, tree = jax.tree.flatten(args)
-        avals = tuple(_abstract(x) for x in leaves)
-        context = _trace_context()
-        with self._lock:
-            if self._signature(tree, avals, context) in self._programs:
-                return True
-        path = self._path(tree, avals, context)
-        return path is not None and os.path.exists(path)
-
-    @staticmethod
-    def _signature(tree, avals: tuple, context: tuple) -> tuple:
-        return tree, tuple((a.shape, a.dtype, a.weak_type, a.sharding) for a in avals), context
-
-    def _path(self, tree, avals: tuple, context: tuple) -> str | None:
-        """The program's file for these shapes; None with the store off."""
+    def _build(self, tree, avals: tuple, context: tuple) -> Callable:
         directory = store_dir()
         if directory is None or self._fingerprint is None:
-            return None
-        sig_text = repr((str(tree), [(a.shape, str(a.dtype), a.weak_type, repr(a.sharding)) for a in avals],
-                         self._flat_donated(tree)))
-        key = hashlib.sha256("\n".join([_environment(), _trace_settings(context), self.name, self._fingerprint,
-                                        sig_text]).encode()).hexdigest()
-        return os.path.join(directory, f"{self.name}-{key[:32]}.bin")
-
-    def _build(self, tree, avals: tuple, context: tuple) -> Callable:
-        path = self._path(tree, avals, context)
-        if path is None:
             return self.jitted.lower(*jax.tree.unflatten(tree, avals)).compile()
         donated = self._flat_donated(tree)
+        sig_text = repr((str(tree), [(a.shape, str(a.dtype), a.weak_type, repr(a.sharding)) for a in avals], donated))
+        key = hashlib.sha256("\n".join([_environment(), _trace_settings(context), self.name, self._fingerprint,
+                                        sig_text]).encode()).hexdigest()
+        path = os.path.join(directory, f"{self.name}-{key[:32]}.bin")
         loaded = _read(path)
         if loaded is None:
             try:

@@ -60,24 +60,6 @@ def test_a_loaded_program_equals_the_jit_and_skips_tracing(store):
     assert len(os.listdir(store)) == 2
 
 
-def test_holds_says_which_shapes_would_load_without_a_compile(store, monkeypatch):
-    """`holds`: built in this process or on disk from an earlier one, for exactly those shapes
-    and that trace; what a caller skips when it compiles ahead (rollout_batches.start_precompile)."""
-    x, y = jnp.arange(3.0), np.ones((2, 2), np.float32)
-    first = make(Cfg(3.0))
-    assert not first.holds(x, y)
-    first(x, y)
-    assert first.holds(x, y) and first.holds(jax.ShapeDtypeStruct((3,), jnp.float32), y)
-    again = make(Cfg(3.0))  # a new process's StoredJit: the file
-    assert again.holds(x, y) and not again.holds(jnp.arange(4.0), y)
-    assert not make(Cfg(3.0, mode="b")).holds(x, y)  # another trace
-    TRACES[:] = []
-    again(x, y)
-    assert TRACES == []  # held: it loaded
-    monkeypatch.setattr(ps, "DIRECTORY", None)
-    assert not make(Cfg(3.0)).holds(x, y)  # the store off: every program compiles
-
-
 def test_what_the_trace_reads_is_in_the_key(store):
     x, y = jnp.arange(4.0), np.ones((2, 3), np.float32)
     outs = {c: make(c)(x, y)["z"] for c in (Cfg(2.0), Cfg(3.0), Cfg(2.0, "b"))}

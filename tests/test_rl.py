@@ -215,36 +215,6 @@ def test_the_top_bucket_compiles_when_the_first_rollout_needs_it(sft_model, tok,
             assert asked[1:] == [([buckets[2]], 1, False)], asked
 
 
-def test_buckets_the_store_holds_are_not_compiled_ahead():
-    """A bucket whose program an earlier run stored loads at its first update instead of being
-    queued beside the first rollout (a warm start: benchmarks/ab_startup.py); the others are
-    queued as before, the top one still only when it is needed."""
-    from jaxrl_agent.config import TrajectoryConfig
-    from jaxrl_agent.loops.rollout_batches import start_precompile
-    from jaxrl_agent.trajectory import Episode
-
-    class Step:
-        def __init__(self, held):
-            self.held, self.asked = held, []
-
-        def holds(self, batch):
-            return batch.tokens.shape[1] in self.held
-
-        def precompile(self, batches):
-            self.asked.append([b.tokens.shape[1] for b in batches])
-
-    traj = TrajectoryConfig(buckets=(64, 128, 256))
-    long = Episode(list(range(200)), [0] * 200, [0.0] * 200, [0] * 200)
-    for held, ahead, top in (((), [[64, 128]], [[256]]), ((64,), [[128]], [[256]]), ((64, 128), [], [[256]]),
-                             ((64, 128, 256), [], []), ((256,), [[64, 128]], [])):
-        ts = Step(held)
-        precompile_top = start_precompile(ts, traj, enabled=True)
-        assert ts.asked == ahead, held
-        precompile_top(long)
-        precompile_top()
-        assert ts.asked == ahead + top, held
-
-
 def test_too_few_training_tasks_is_a_clear_error(sft_model, tok, tmp_path):
     with pytest.raises(ValueError, match="tasks_per_iter=5 must be in \\[1, 4\\]"):
         train_rl(sft_model, tok, rl=rl_config(tmp_path, tasks_per_iter=5), rollout=ROLLOUT, sampling=SAMPLING,

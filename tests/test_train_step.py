@@ -257,25 +257,6 @@ def test_precompiled_step_is_the_jitted_step(model, batch, mesh1):
     assert queued[-1].cancelled() and len(early._compiled) == 1 + sum(not f.cancelled() for f in queued)
 
 
-def test_holds_a_stored_or_queued_shape_only(model, mesh1, tmp_path, monkeypatch):
-    """`TrainStep.holds`: a shape queued in this process, or one whose program an earlier
-    process left in the store (a new TrainStep of the same config stands for that process);
-    what the RL loop does not compile ahead (rollout_batches.start_precompile)."""
-    from jaxrl_agent import program_store
-
-    monkeypatch.setattr(program_store, "DIRECTORY", str(tmp_path))
-    cfg = TrainConfig(compiler_options=tw.FAST, mesh=ONE)
-    short, other = (collate(tw.random_episodes(8, seed=3), TrajectoryConfig(buckets=(t,)))[0] for t in (32, 48))
-    first = _step("grpo", cfg, model, mesh1)
-    assert not first.holds(short)
-    first.precompile([short])
-    assert first.holds(short) and not first.holds(other)  # queued here (its file may not exist yet)
-    first.precompile([short])[0].result()
-    later = _step("grpo", cfg, model, mesh1)
-    assert later.holds(short) and not later.holds(other)
-    assert not _step("grpo", replace(cfg, num_mini_batches=2), model, mesh1).holds(short)  # another step
-
-
 # ---- LoRA ----
 def test_lora_trains_adapters_only_and_base_is_the_reference(model, batch, mesh1):
     cfg = TrainConfig(compiler_options=tw.FAST, loss=LossConfig(kl_coef=0.1), mesh=ONE, use_ref=True,

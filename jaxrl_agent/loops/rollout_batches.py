@@ -95,11 +95,8 @@ def start_precompile(ts, traj: TrajectoryConfig, enabled: bool) -> Callable[...,
     iteration 1's rollout runs; the top one, the slowest to compile, is queued as soon as one of
     that rollout's episodes needs it (`precompile_top(episode)`), else once iteration 1 is done
     (`precompile_top()`): it does not compete with the first rollout for the cores unless the
-    first update needs it (benchmarks/bench_startup.py). A bucket whose program an earlier run
-    left in the store (`TrainStep.holds`) is not queued: it loads at its first update, and
-    loading it ahead beside the first rollout slowed that rollout by more than the load takes
-    (a warm start, benchmarks/ab_startup.py). With `enabled` False nothing compiles ahead and
-    `precompile_top` does nothing."""
+    first update needs it (benchmarks/bench_startup.py). With `enabled` False nothing compiles
+    ahead and `precompile_top` does nothing."""
     buckets, pad = sorted(traj.buckets), shape_episodes(traj)
     *smaller, top = [collate(pad, replace(traj, buckets=(t,)))[0] for t in buckets] if enabled else [None]
     below_top = buckets[-2] if len(buckets) > 1 else 0
@@ -107,13 +104,11 @@ def start_precompile(ts, traj: TrajectoryConfig, enabled: bool) -> Callable[...,
     def precompile_top(episode: Episode | None = None) -> None:
         nonlocal top
         if top is not None and (episode is None or len(episode) > below_top):  # trajectory.bucket_length
-            if not ts.holds(top):
-                ts.precompile([top])
+            ts.precompile([top])
             top = None
 
     if enabled:
-        if missing := [b for b in smaller if not ts.holds(b)]:
-            ts.precompile(missing)
+        ts.precompile(smaller)
         if not smaller:
             precompile_top()
     return precompile_top

@@ -241,23 +241,13 @@ class TrainStep:
             self._compiler = ThreadPoolExecutor(1, thread_name_prefix="jxa-precompile")
         state, futures = self.abstract_state(), []
         for batch in batches:
-            glob = self._global_shapes(batch)
+            glob = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
+                                                               x.dtype, sharding=self.batch_sharding), batch)
             key = _signature(glob)
             if key not in self._compiled:
                 self._compiled[key] = self._compiler.submit(lambda g=glob: self._stored.program(state, g))
             futures.append(self._compiled[key])
         return futures
-
-    def holds(self, batch) -> bool:
-        """Whether the step for this host batch's shapes is built or queued in this process, or
-        its program is in the store from an earlier run (`program_store.StoredJit.holds`): its
-        first call then loads it, at a fraction of a compile, rather than compiling."""
-        glob = self._global_shapes(batch)
-        return _signature(glob) in self._compiled or self._stored.holds(self.abstract_state(), glob)
-
-    def _global_shapes(self, batch):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] * jax.process_count(), *x.shape[1:]),
-                                                           x.dtype, sharding=self.batch_sharding), batch)
 
     def stop_precompiling(self) -> None:
         """Drop the compiles not started yet: a run that ends early (no signal, Ctrl-C) does not
