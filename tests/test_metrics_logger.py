@@ -1,6 +1,6 @@
 """loops/metrics.MetricsLogger: every `log` call is one JSON line and the numeric entries are
-TensorBoard scalars (read back from the event file), also when `log` comes right after the
-constructor (tensorboardX is imported off the calling thread); an import failure surfaces."""
+TensorBoard scalars (read back from the event file with TensorBoard's Event proto); a writer
+that cannot open fails the first log after its JSON line is written."""
 import json
 import struct
 from pathlib import Path

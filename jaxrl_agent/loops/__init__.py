@@ -7,4 +7,5 @@
     bandit.py        a tabular tool-choice bandit through the real losses (seconds on CPU)
     multihost.py     the RL loop's work split across the processes of a `jax.distributed` job
     metrics.py       JSONL + TensorBoard metrics, timers, JAX compile time, progress bars
+    tensorboard_events.py  TensorBoard's event file (TFRecord of Event protos), no tensorboardX
 """

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import Any, Iterator
 
+from jaxrl_agent.loops.tensorboard_events import EventWriter
+
 
 def flatten(metrics: dict, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a/b": 1}; leaves non-dict values as they are."""
@@ -38,50 +40,31 @@ def _jsonable(v):
     return str(v)
 
 
-def _open_writer(logdir: str):
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter(logdir)
+def _open_writer(logdir: str) -> EventWriter:
+    return EventWriter(logdir)
 
 
 class MetricsLogger:
     """Appends one JSON object per `log` call to `<run_dir>/metrics.jsonl` and writes the
-    numeric entries as TensorBoard scalars (tensorboardX) when `tensorboard` is True. With
-    `enabled=False` (every process of a multi-host job but the first) it writes nothing and
-    `log` only returns the flattened metrics."""
+    numeric entries as TensorBoard scalars (`<run_dir>/tb`, loops/tensorboard_events.py) when
+    `tensorboard` is True. With `enabled=False` (every process of a multi-host job but the
+    first) it writes nothing and `log` only returns the flattened metrics."""
 
     def __init__(self, run_dir: str, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
-        self._file = self._tb = self._opening = None
+        self._file = self._tb = None
+        self._tb_dir = os.path.join(run_dir, "tb") if tensorboard else None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses no line
-        if tensorboard:  # opened off this thread: importing tensorboardX imports torch where it
-            # is installed (`python -X importtime -c "import tensorboardX"`), which a run would
-            # otherwise wait for before its first rollout; the first `log` waits instead.
-            opened: dict = {}
 
-            def open_tb(logdir=os.path.join(run_dir, "tb")):
-                try:
-                    opened["writer"] = _open_writer(logdir)
-                except BaseException as e:  # noqa: BLE001  (raised by the first log)
-                    opened["error"] = e
-
-            thread = threading.Thread(target=open_tb, name="jxa-tensorboard")
-            thread.start()
-            self._opening = (thread, opened)
-
-    def _writer(self):
-        """The TensorBoard writer once it is open (None without TensorBoard)."""
-        if self._opening is not None:
-            thread, opened = self._opening
-            thread.join()
-            self._opening = None
-            if "error" in opened:
-                raise opened["error"]
-            self._tb = opened["writer"]
+    def _writer(self) -> EventWriter | None:
+        """The TensorBoard writer, opened by the first `log` (after its JSON line is written, so
+        a writer that cannot open loses no metrics); None without TensorBoard."""
+        if self._tb is None and self._tb_dir is not None:
+            self._tb = _open_writer(self._tb_dir)
         return self._tb
 
     def log(self, step: int, metrics: dict) -> dict:
@@ -91,20 +74,15 @@ class MetricsLogger:
         self._file.write(json.dumps({"step": int(step), "time": time.time(), **flat}) + "\n")
         tb = self._writer()
         if tb is not None:
-            for k, v in flat.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    tb.add_scalar(k, v, step)
+            tb.add_scalars(step, {k: v for k, v in flat.items()
+                                  if isinstance(v, (int, float)) and not isinstance(v, bool)})
         return flat
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        try:
-            tb = self._writer()
-        except Exception:  # noqa: BLE001  (the first log has raised it already, or will not run)
-            tb = None
-        if tb is not None:
-            tb.close()
+        if self._tb is not None:
+            self._tb.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self
