@@ -15,10 +15,14 @@ import dataclasses
 import os
 from typing import Any
 
-import orbax.checkpoint as ocp
-
 from jaxrl_agent import hf
 from jaxrl_agent.config import CheckpointConfig
+
+
+def _orbax():
+    import orbax.checkpoint as ocp
+
+    return ocp
 
 
 def config_to_json(cfg: Any) -> Any:
@@ -48,9 +52,18 @@ class Checkpointer:
             raise ValueError(f"save_every must be >= 1, got {cfg.save_every}")
         self.cfg = cfg
         self.directory = os.path.abspath(cfg.directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=cfg.max_to_keep, create=True,
-                                               enable_async_checkpointing=False)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._opened = None
+
+    @property
+    def _manager(self):
+        """orbax's manager, made (and orbax imported, ~0.2 s) at the first query, save or restore:
+        a run that saves only at its end does not wait for it before its first iteration."""
+        if self._opened is None:
+            ocp = _orbax()
+            options = ocp.CheckpointManagerOptions(max_to_keep=self.cfg.max_to_keep, create=True,
+                                                   enable_async_checkpointing=False)
+            self._opened = ocp.CheckpointManager(self.directory, options=options)
+        return self._opened
 
     # ---- queries ----
     def latest_step(self) -> int | None:
@@ -78,6 +91,7 @@ class Checkpointer:
           extra: any further JSON-able values (metrics, wall time, ...).
         """
         meta = {"data_position": data_position or {}, "config": config_to_json(config), "extra": config_to_json(extra or {})}
+        ocp = _orbax()
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         self._manager.save(int(step), args=args, force=True)
         self._manager.wait_until_finished()
@@ -100,14 +114,17 @@ class Checkpointer:
         elif step not in self._manager.all_steps():
             raise FileNotFoundError(f"no checkpoint for step {step} under {self.directory} "
                                     f"(have {self.all_steps()})")
+        ocp = _orbax()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
         out = self._manager.restore(int(step), args=args)
         return out.state, dict(out.meta)
 
     def close(self) -> None:
-        """Finish pending writes and release the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Finish pending writes and release the manager (if one was made)."""
+        if self._opened is not None:
+            self._opened.wait_until_finished()
+            self._opened.close()
+            self._opened = None
 
     def __enter__(self) -> "Checkpointer":
         return self
