@@ -20,19 +20,7 @@ import os
 import re
 from typing import Sequence
 
-# In a runtime install (JAX, no torch) transformers logs "PyTorch was not found ..." when it is
-# imported: advice about its own models, which this package never builds. Silenced for this
-# import only, unless the user set the switch themselves (tests/test_tokenizer.py).
-_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
-_quiet = _ADVICE not in os.environ
-if _quiet:
-    os.environ[_ADVICE] = "1"
-try:  # AutoTokenizer only where mode "auto" needs it: its import pulls transformers' model
-    # configs (and torch, where installed) into every start-up (benchmarks/bench_startup.py)
-    from transformers import PreTrainedTokenizerFast
-finally:
-    if _quiet:
-        del os.environ[_ADVICE]
+from tokenizers import Tokenizer as _Backend
 
 from jaxrl_agent.chat_template import (CHAT_TEMPLATE, DEFAULT_SYSTEM, END_OF_TEXT, IM_END, IM_START, RESPONSE_TEMPLATE,
                                        render_chat, short_tool_prompt)
@@ -48,16 +36,45 @@ class PrefixError(ValueError):
 # ---- tokenizer wrapper ---------------------------------------------------------------------
 
 
+def _transformers():
+    """transformers, imported on first need (exporting, its chat template, "auto" mode): its
+    import is ~0.5 s of a start-up that tokenizes with `tokenizers` alone. In a runtime install
+    (JAX, no torch) it logs "PyTorch was not found ..." when imported: advice about its own
+    models, which this package never builds; silenced for this import only, unless the user set
+    the switch themselves (tests/test_tokenizer.py)."""
+    advice = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+    quiet = advice not in os.environ
+    if quiet:
+        os.environ[advice] = "1"
+    try:
+        import transformers
+    finally:
+        if quiet:
+            del os.environ[advice]
+    return transformers
+
+
 class Tokenizer:
-    """A `transformers` tokenizer with the ids and conventions the agent loop needs.
+    """A Hugging Face tokenizer with the ids and conventions the agent loop needs.
 
     `encode` never adds BOS/EOS (chat text carries its own markers); `decode` keeps special
     tokens and never "cleans up" spaces, so decoding is the exact inverse for byte-level BPE.
+    Made from a `transformers` tokenizer, or (`load_tokenizer` in "file" mode) from a
+    directory's tokenizer.json read by `tokenizers`, with the `transformers` object (`.hf`:
+    chat template, saving) built from the directory when first asked for.
     """
 
-    def __init__(self, hf_tokenizer):
-        self.hf = hf_tokenizer
-        self._vocab = vocab = hf_tokenizer.get_vocab()  # includes added tokens
+    def __init__(self, hf_tokenizer=None, *, directory: str | None = None):
+        if (hf_tokenizer is None) == (directory is None):
+            raise ValueError("Tokenizer takes a transformers tokenizer or a directory holding tokenizer.json")
+        self._hf, self._directory = hf_tokenizer, directory
+        if hf_tokenizer is not None:
+            self._backend = hf_tokenizer.backend_tokenizer
+        else:
+            self._backend = _Backend.from_file(os.path.join(directory, "tokenizer.json"))
+            self._backend.no_truncation()  # as transformers calls it: whole texts, no padding
+            self._backend.no_padding()
+        self._vocab = vocab = self._backend.get_vocab(with_added_tokens=True)
         missing = [t for t in (IM_START, IM_END) if t not in vocab]
         if missing:
             raise ValueError(f"tokenizer has no {missing} token(s): it cannot render ChatML")
@@ -66,10 +83,22 @@ class Tokenizer:
         self.pad_id = vocab.get(END_OF_TEXT, self.im_end_id)
         # A turn ends at <|im_end|>; <|endoftext|> also stops generation when present.
         self.stop_ids = tuple(sorted({self.im_end_id, vocab.get(END_OF_TEXT, self.im_end_id)}))
-        if hf_tokenizer.chat_template == CHAT_TEMPLATE and getattr(hf_tokenizer, "response_template", None) is None:
-            hf_tokenizer.response_template = RESPONSE_TEMPLATE  # our template: its calls parse back (and export so)
-        added = sorted(hf_tokenizer.get_added_vocab(), key=len, reverse=True)
+        added = sorted(self.added_vocab(), key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, added))) if added else None
+        if hf_tokenizer is not None:
+            _with_response_template(hf_tokenizer)
+
+    @property
+    def hf(self):
+        """The `transformers` tokenizer (made from the directory on first use)."""
+        if self._hf is None:
+            self._hf = _with_response_template(
+                _transformers().PreTrainedTokenizerFast.from_pretrained(self._directory))
+        return self._hf
+
+    def added_vocab(self) -> dict[str, int]:
+        """Added tokens (`<|im_end|>`, `<tool_call>`, ...) -> id, as `get_added_vocab`."""
+        return {t.content: i for i, t in sorted(self._backend.get_added_tokens_decoder().items())}
 
     def escape(self, text: str) -> str:
         """`text` with every added-token string (`<|im_end|>`, `</tool_response>`, ...) broken
@@ -87,15 +116,15 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included (`len(tokenizer)`)."""
-        return len(self.hf)
+        return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids; special-token strings in `text` become their single ids."""
-        return list(self.hf.encode(text, add_special_tokens=False))
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> text, special tokens kept, no whitespace clean-up."""
-        return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self._backend.decode(list(ids), skip_special_tokens=False)
 
     def token_id(self, token: str) -> int:
         """The id of a single-token string (e.g. "<tool_call>"); KeyError if not one token."""
@@ -131,10 +160,15 @@ def load_tokenizer(path: str | None = None, mode: str = "file") -> Tokenizer:
         if not os.path.exists(os.path.join(path, "tokenizer.json")):
             raise FileNotFoundError(f"tokenizer mode 'file' reads {path}/tokenizer.json, which is missing: "
                                     "use mode 'auto' (--policy.tokenizer=auto) to let transformers build it")
-        return Tokenizer(PreTrainedTokenizerFast.from_pretrained(path))
-    from transformers import AutoTokenizer
+        return Tokenizer(directory=path)
+    return Tokenizer(_transformers().AutoTokenizer.from_pretrained(path))
 
-    return Tokenizer(AutoTokenizer.from_pretrained(path))
+
+def _with_response_template(hf_tokenizer):
+    """Our chat template's calls parse back (and export so): its response template set."""
+    if hf_tokenizer.chat_template == CHAT_TEMPLATE and getattr(hf_tokenizer, "response_template", None) is None:
+        hf_tokenizer.response_template = RESPONSE_TEMPLATE
+    return hf_tokenizer
 
 
 # ---- chat format ----------------------------------------------------------------------------

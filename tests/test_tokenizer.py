@@ -12,7 +12,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from jaxrl_agent.chat_template import IM_END, render_chat, short_tool_prompt
 from jaxrl_agent.env.tool_calls import format_tool_call
-from jaxrl_agent.tokenizer import DEFAULT_TOKENIZER_DIR, ChatFormat, EpisodeBuilder, PrefixError, load_tokenizer
+from jaxrl_agent.agent.policy import DEMO_POLICY_DIR
+from jaxrl_agent.tokenizer import (DEFAULT_TOKENIZER_DIR, ChatFormat, EpisodeBuilder, PrefixError, Tokenizer,
+                                   load_tokenizer)
 
 TOOLS = [
     {"type": "function", "function": {"name": "list_files", "description": "List files.",
@@ -394,6 +396,26 @@ def test_file_mode_is_the_tokenizer_sft_trained_with(tok):
         load_tokenizer(SHIPPED_SFT, mode="fast")
 
 
+@pytest.mark.parametrize("directory", [DEFAULT_TOKENIZER_DIR, DEMO_POLICY_DIR, SHIPPED_SFT])
+def test_file_mode_without_transformers_is_transformers_tokenizer(directory):
+    """"file" mode tokenizes with `tokenizers` alone (transformers' import waits for `.hf`):
+    the same vocabulary, added tokens, ids and text as `PreTrainedTokenizerFast` on the file."""
+    from transformers import PreTrainedTokenizerFast
+
+    ours, theirs = load_tokenizer(directory), Tokenizer(PreTrainedTokenizerFast.from_pretrained(directory))
+    assert ours._hf is None  # nothing built it yet
+    assert ours._vocab == theirs._vocab and ours.vocab_size == theirs.vocab_size == len(theirs.hf)
+    assert ours.added_vocab() == theirs.hf.get_added_vocab() == theirs.added_vocab()
+    assert (ours.stop_ids, ours.pad_id, ours.im_start_id) == (theirs.stop_ids, theirs.pad_id, theirs.im_start_id)
+    texts = [render_chat(c, t) for c in CONVERSATIONS for t in (None, TOOLS)] + [BUGGY, "  a\n\t b ", "é 漢字 🙂",
+                                                                                 "<|im_end|>x<tool_call>y", ""]
+    for text in texts:
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text) and ours.decode(ids) == theirs.decode(ids) == text, text
+    assert ours.hf.chat_template == theirs.hf.chat_template  # built on demand, the same template
+    assert getattr(ours.hf, "response_template", None) == getattr(theirs.hf, "response_template", None)
+
+
 def test_file_mode_needs_tokenizer_json(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="use mode 'auto'"):
@@ -410,7 +432,7 @@ def test_a_runtime_install_imports_without_warnings():
     code = ("import os, sys; sys.modules['torch'] = None\n"  # find_spec('torch') is None: torch absent
             "import jaxrl_agent.cli.main, jaxrl_agent.cli.eval, jaxrl_agent.loops.rl, jaxrl_agent.cli.demo, jaxrl_agent.hf\n"
             "from jaxrl_agent.tokenizer import load_tokenizer\n"
-            "load_tokenizer()\n"
+            "load_tokenizer().hf\n"  # transformers imported (on first use) by our loader
             "import transformers\n"
             "assert not transformers.is_torch_available()\n"
             "print('switch', os.environ.get('TRANSFORMERS_NO_ADVISORY_WARNINGS'))\n")

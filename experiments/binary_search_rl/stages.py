@@ -160,7 +160,7 @@ def copy_stage(cfg: StudyConfig, chat) -> dict | None:
     done = cached(cfg, "pretrain_copy", stamp)
     if done is not None and os.path.isdir(done["policy"]):
         return done
-    special = set(chat.tokenizer.hf.get_added_vocab().values())
+    special = set(chat.tokenizer.added_vocab().values())
     ids = [i for i in range(chat.tokenizer.vocab_size) if i not in special]
     seqs = copy_sequences(p.copy_steps * p.copy_batch_size, ids, length=p.copy_length, seed=cfg.seed)
     return finish(cfg, "pretrain_copy", stamp, _fit(cfg, "pretrain_copy", seqs, steps=p.copy_steps,
