@@ -90,10 +90,13 @@ class Tokenizer:
 
     @property
     def hf(self):
-        """The `transformers` tokenizer (made from the directory on first use)."""
+        """The `transformers` tokenizer (made from the directory on first use). From then on it
+        is what encodes and decodes, as for a tokenizer made from one: a change made through it
+        (`tok.hf.add_tokens(...)`) is a change of this tokenizer."""
         if self._hf is None:
             self._hf = _with_response_template(
                 _transformers().PreTrainedTokenizerFast.from_pretrained(self._directory))
+            self._backend = self._hf.backend_tokenizer
         return self._hf
 
     def added_vocab(self) -> dict[str, int]:

@@ -414,6 +414,8 @@ def test_file_mode_without_transformers_is_transformers_tokenizer(directory):
         assert ids == theirs.encode(text) and ours.decode(ids) == theirs.decode(ids) == text, text
     assert ours.hf.chat_template == theirs.hf.chat_template  # built on demand, the same template
     assert getattr(ours.hf, "response_template", None) == getattr(theirs.hf, "response_template", None)
+    ours.hf.add_tokens(["<|scratch|>"])  # a change made through .hf is this tokenizer's, as before
+    assert ours.vocab_size == theirs.vocab_size + 1 and len(ours.encode("a<|scratch|>b")) == 3
 
 
 def test_file_mode_needs_tokenizer_json(tmp_path):
