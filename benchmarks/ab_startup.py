@@ -21,9 +21,7 @@ import subprocess
 import tempfile
 
 from bench_results import machine, write_result
-from bench_startup import ROOT, time_to_first_iteration
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from bench_startup import HERE, ROOT, time_to_first_iteration
 
 
 def _revision(rev: str) -> str:

@@ -38,7 +38,8 @@ class PrefixError(ValueError):
 
 def _transformers():
     """transformers, imported on first need (exporting, its chat template, "auto" mode): its
-    import is ~0.5 s of a start-up that tokenizes with `tokenizers` alone. In a runtime install
+    import (`python -X importtime -c "import transformers"`) would lengthen every start-up,
+    which tokenizes with `tokenizers` alone. In a runtime install
     (JAX, no torch) it logs "PyTorch was not found ..." when imported: advice about its own
     models, which this package never builds; silenced for this import only, unless the user set
     the switch themselves (tests/test_tokenizer.py)."""

@@ -1,9 +1,9 @@
 """HOST: TensorBoard scalars written straight to an event file, without tensorboardX.
 
 Why not tensorboardX: importing it imports torch wherever torch is installed (a researcher
-coming from TRL has it), about a second of a 2-core machine's start-up that competes with the
-first rollout (`python -X importtime -c "import tensorboardX"`); writing scalars needs none of
-it. The format is small and fixed:
+coming from TRL has it), CPU time at start-up that competes with the first rollout on a small
+machine (`python -X importtime -c "import tensorboardX"`); writing scalars needs none of it.
+The format is small and fixed:
 
     event file  = records, each:  u64 length | u32 masked_crc32c(length bytes) | payload
                                   | u32 masked_crc32c(payload)          (TFRecord, little-endian)

@@ -56,7 +56,7 @@ class Checkpointer:
 
     @property
     def _manager(self):
-        """orbax's manager, made (and orbax imported, ~0.2 s) at the first query, save or restore:
+        """orbax's manager, made (and orbax imported, `python -X importtime`) at the first query, save or restore:
         a run that saves only at its end does not wait for it before its first iteration."""
         if self._opened is None:
             ocp = _orbax()
